@@ -1,0 +1,78 @@
+"""Generate the synchronous face (``src/agentlease/_sync``) from the asyncio source (``_async``).
+
+The async code is the one source of truth; this script rewrites it token by token (``async def``
+to ``def``, ``await x`` to ``x``, ``AsyncQueue`` to ``Queue``, ...). Run it after editing
+``_async``; ``--check`` exits 1 if the generated files drifted (CI and a unit test run it).
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent / "src" / "agentlease"
+SOURCE = ROOT / "_async"
+TARGET = ROOT / "_sync"
+
+RENAMES = {
+    "AsyncQueue": "Queue",
+    "AsyncBackend": "Backend",
+    "connect_async": "connect",
+    "__aenter__": "__enter__",
+    "__aexit__": "__exit__",
+    "_async": "_sync",
+}
+SUBS: list[tuple[re.Pattern[str], str]] = [
+    (re.compile(r"\basync def\b"), "def"),
+    (re.compile(r"\basync with\b"), "with"),
+    (re.compile(r"\basync for\b"), "for"),
+    (re.compile(r"\bawait "), ""),
+    (re.compile(r"\b(" + "|".join(map(re.escape, RENAMES)) + r")\b"), ""),
+]
+HEADER = (
+    "# Generated from src/agentlease/_async/{name} by scripts/unasync.py. DO NOT EDIT.\n"
+    "# Edit the asyncio source and run: python scripts/unasync.py\n"
+)
+
+
+def convert(text: str) -> str:
+    """The synchronous twin of one asyncio module."""
+    for pattern, replacement in SUBS[:-1]:
+        text = pattern.sub(replacement, text)
+    return SUBS[-1][0].sub(lambda m: RENAMES[m.group(1)], text)
+
+
+def generated() -> dict[Path, str]:
+    """Every target file and the text it must have."""
+    out: dict[Path, str] = {}
+    for source in sorted(SOURCE.glob("*.py")):
+        body = convert(source.read_text(encoding="utf-8"))
+        out[TARGET / source.name] = HEADER.format(name=source.name) + body
+    return out
+
+
+def main(argv: list[str]) -> int:
+    check = "--check" in argv
+    drifted = []
+    for path, text in generated().items():
+        current = path.read_text(encoding="utf-8") if path.exists() else None
+        if current == text:
+            continue
+        drifted.append(path)
+        if not check:
+            path.write_text(text, encoding="utf-8")
+    stale = set(TARGET.glob("*.py")) - set(generated())
+    if check:
+        for path in drifted:
+            print(f"{path} is out of date: run python scripts/unasync.py", file=sys.stderr)
+        for path in sorted(stale):
+            print(f"{path} has no asyncio source", file=sys.stderr)
+        return 1 if drifted or stale else 0
+    for path in sorted(stale):
+        path.unlink()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

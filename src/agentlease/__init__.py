@@ -1,0 +1,1 @@
+"""agentlease: leases, fencing and heartbeats for many agents sharing work."""

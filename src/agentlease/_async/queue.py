@@ -1,0 +1,312 @@
+"""The client of the leased work queue: enqueue, claim, extend, complete, fail, release.
+
+Written once for asyncio; the synchronous face is generated from this file by scripts/unasync.py.
+
+Validation, JSON encoding, events and retry arithmetic happen here, once, above the storage seam;
+the backend performs each primitive as one atomic step on the store.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from types import TracebackType
+
+from agentlease import _validate as check
+from agentlease._codec import JSON, encode
+from agentlease._events import Event, Events
+from agentlease._records import (
+    Enqueued,
+    Job,
+    Lease,
+    LeaseInfo,
+    NewTask,
+    QueueStats,
+    Reaped,
+    Task,
+    TaskSpec,
+)
+from agentlease._settings import QueueSettings
+from agentlease.backends import AsyncBackend, connect_async
+from agentlease.errors import InvalidInput, LeaseLost
+
+__all__ = ["AsyncQueue"]
+
+
+class AsyncQueue:
+    """A client of the leased work queue on one store.
+
+    Args:
+        backend: the store (see :func:`agentlease.connect_async`).
+        settings: leasing and limits; the defaults suit most agents.
+        on_event: called with every :class:`~agentlease.Event` this client sees.
+    """
+
+    def __init__(
+        self,
+        backend: AsyncBackend,
+        *,
+        settings: QueueSettings | None = None,
+        on_event: Callable[[Event], None] | None = None,
+    ) -> None:
+        self.backend = backend
+        self.settings = settings or QueueSettings()
+        self.events = Events(on_event)
+        self._terms = self.settings.terms()
+
+    @classmethod
+    def connect(
+        cls,
+        url: str,
+        *,
+        settings: QueueSettings | None = None,
+        on_event: Callable[[Event], None] | None = None,
+    ) -> AsyncQueue:
+        """Open a queue client on the store named by ``url`` (``sqlite:///tasks.db``, ...)."""
+        return cls(connect_async(url), settings=settings, on_event=on_event)
+
+    async def __aenter__(self) -> AsyncQueue:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Release the store's connections."""
+        await self.backend.close()
+
+    # -- producing ------------------------------------------------------------------------------
+
+    def _new_task(self, queue: str, spec: TaskSpec) -> NewTask:
+        task_id = uuid.uuid4().hex if spec.id is None else check.task_id(spec.id)
+        if spec.dedup_key is not None and (
+            not isinstance(spec.dedup_key, str) or not 0 < len(spec.dedup_key) <= 500
+        ):
+            raise InvalidInput("dedup_key must be a str of 1 to 500 characters")
+        return NewTask(
+            id=task_id,
+            queue=queue,
+            payload_json=encode(spec.payload, limit=self.settings.max_payload_bytes),
+            priority=check.integer(spec.priority, "priority", low=-(2**31), high=2**31 - 1),
+            delay=check.non_negative(spec.delay, "delay"),
+            dedup_key=spec.dedup_key,
+            max_reclaims=self.settings.max_reclaims,
+        )
+
+    async def enqueue(
+        self,
+        queue: str,
+        payload: JSON = None,
+        *,
+        id: str | None = None,
+        priority: int = 0,
+        delay: float = 0.0,
+        dedup_key: str | None = None,
+    ) -> Enqueued:
+        """Add one task.
+
+        Args:
+            queue: the queue's name.
+            payload: any JSON value.
+            id: a caller-given id; enqueueing an id that exists creates nothing.
+            priority: higher runs first.
+            delay: seconds before it may run.
+            dedup_key: a second task with this key in this queue creates nothing.
+
+        Returns:
+            The task's id, and whether it was created (``False``: it existed already).
+
+        Raises:
+            InvalidName: bad queue name or id.
+            NotJSON, PayloadTooLarge: the payload was refused; nothing was written.
+        """
+        spec = TaskSpec(payload=payload, id=id, priority=priority, delay=delay, dedup_key=dedup_key)
+        (result,) = await self.backend.enqueue([self._new_task(check.queue_name(queue), spec)])
+        return result
+
+    async def enqueue_many(self, queue: str, tasks: Iterable[TaskSpec | JSON]) -> list[Enqueued]:
+        """Add many tasks in one atomic step: all are written or, on a refusal, none.
+
+        Each item is a :class:`TaskSpec` or a bare JSON payload.
+        """
+        queue = check.queue_name(queue)
+        specs = [
+            self._new_task(queue, t if isinstance(t, TaskSpec) else TaskSpec(payload=t))
+            for t in tasks
+        ]
+        if not specs:
+            return []
+        return await self.backend.enqueue(specs)
+
+    # -- consuming ------------------------------------------------------------------------------
+
+    async def claim(self, queue: str, n: int = 1, *, lease_for: float | None = None) -> list[Job]:
+        """Lease up to ``n`` ready tasks in one atomic step (reaping expired leases on the way).
+
+        Args:
+            queue: the queue's name (an unknown queue has nothing to claim).
+            n: the most tasks to lease.
+            lease_for: seconds until the leases expire unless extended (default: settings).
+
+        Returns:
+            The leased jobs, highest priority first; empty when nothing is ready.
+        """
+        terms = self._terms
+        if lease_for is not None:
+            terms = self.settings.terms(check.duration(lease_for, "lease_for"))
+        jobs, reaped = await self.backend.claim(check.queue_name(queue), check.batch_size(n), terms)
+        if reaped:
+            self._emit_reaped(reaped)
+        return jobs
+
+    async def extend(
+        self, leases: Sequence[Lease], *, lease_for: float | None = None
+    ) -> list[Lease | None]:
+        """Extend many leases in one atomic step.
+
+        Returns:
+            For each lease, in order, the renewed lease or ``None`` if it is no longer held.
+        """
+        seconds = self.settings.lease_for if lease_for is None else lease_for
+        renewed = await self.backend.extend(leases, check.duration(seconds, "lease_for"))
+        for old, new in zip(leases, renewed, strict=True):
+            if new is None:
+                self.events.emit(
+                    "zombie_rejected", old.queue, old.task_id, old.attempt, write="extend"
+                )
+        return renewed
+
+    async def complete(self, lease: Lease, result: JSON = None) -> None:
+        """Mark the task done with its result, fenced by the lease.
+
+        Raises:
+            NotJSON, PayloadTooLarge: the result was refused; the lease is still held.
+            LeaseLost: the lease is no longer held; nothing changed.
+        """
+        data = (
+            None
+            if result is None
+            else encode(result, what="result", limit=self.settings.max_payload_bytes)
+        )
+        try:
+            await self.backend.complete(lease, data)
+        except LeaseLost as exc:
+            self._rejected(lease, "complete", exc)
+            raise
+
+    async def fail(
+        self, lease: Lease, error: BaseException | str, *, retry_in: float | None
+    ) -> Task:
+        """Record that the handler raised: retry after ``retry_in`` seconds, or dead-letter
+        (``retry_in=None``). Fenced by the lease.
+
+        Returns:
+            The task as it now stands (``failed`` awaiting retry, or ``dead``).
+        """
+        if retry_in is not None:
+            retry_in = check.non_negative(retry_in, "retry_in")
+        data = encode(_describe(error), what="error", limit=self.settings.max_payload_bytes)
+        try:
+            task = await self.backend.fail(lease, data, retry_in)
+        except LeaseLost as exc:
+            self._rejected(lease, "fail", exc)
+            raise
+        if task.state == "dead":
+            self.events.emit(
+                "dead_lettered", lease.queue, lease.task_id, lease.attempt, error=task.error
+            )
+        else:
+            self.events.emit("failed", lease.queue, lease.task_id, lease.attempt, retry_in=retry_in)
+        return task
+
+    async def release(self, lease: Lease, *, front: bool = True) -> None:
+        """Give the task back unrun (not counted as a failure or a reclaim), fenced."""
+        try:
+            await self.backend.release(lease, front)
+        except LeaseLost as exc:
+            self._rejected(lease, "release", exc)
+            raise
+        self.events.emit("released", lease.queue, lease.task_id, lease.attempt, front=front)
+
+    async def progress(self, lease: Lease, value: JSON = None, *, checkpoint: JSON = None) -> None:
+        """Record progress (and a checkpoint to resume from, if given), fenced.
+
+        Progress resets the progress deadline when the queue has a ``progress_timeout``.
+        """
+        limit = self.settings.max_payload_bytes
+        progress = None if value is None else encode(value, what="progress", limit=limit)
+        saved = None if checkpoint is None else encode(checkpoint, what="checkpoint", limit=limit)
+        try:
+            await self.backend.progress(lease, progress, saved)
+        except LeaseLost as exc:
+            self._rejected(lease, "progress", exc)
+            raise
+
+    async def reap(self, queue: str) -> list[Reaped]:
+        """Requeue (or dead-letter) every expired lease of the queue now."""
+        reaped = await self.backend.reap(check.queue_name(queue), self.settings.reap_front)
+        self._emit_reaped(reaped)
+        return reaped
+
+    # -- reading and administration -----------------------------------------------------------
+
+    async def get(self, task_id: str) -> Task:
+        """One task as the store holds it; raises UnknownTask."""
+        return await self.backend.get(check.task_id(task_id))
+
+    async def stats(self, queue: str) -> QueueStats:
+        """Counts by state and the oldest queued age; raises UnknownQueue."""
+        return await self.backend.stats(check.queue_name(queue))
+
+    async def queues(self) -> list[str]:
+        """Every queue ever enqueued to."""
+        return await self.backend.queues()
+
+    async def inspect(self, queue: str, *, limit: int = 100) -> list[LeaseInfo]:
+        """Live leases, soonest expiry first; raises UnknownQueue."""
+        return await self.backend.inspect(check.queue_name(queue), check.batch_size(limit))
+
+    async def dead(self, queue: str, *, limit: int = 100) -> list[Task]:
+        """Dead-lettered tasks, most recent first; raises UnknownQueue."""
+        return await self.backend.dead(check.queue_name(queue), check.batch_size(limit))
+
+    async def requeue_dead(
+        self, queue: str, task_ids: Sequence[str] | None = None, *, front: bool = False
+    ) -> int:
+        """Requeue dead tasks (all of the queue's by default) with fresh budgets.
+
+        Returns:
+            How many were requeued.
+        """
+        ids = None if task_ids is None else [check.task_id(t) for t in task_ids]
+        return await self.backend.requeue_dead(check.queue_name(queue), ids, front)
+
+    # -- events ---------------------------------------------------------------------------------
+
+    def _emit_reaped(self, reaped: list[Reaped]) -> None:
+        for r in reaped:
+            self.events.emit("reaped", r.queue, r.task_id, r.attempt, outcome=r.outcome)
+            if r.outcome == "dead":
+                self.events.emit("dead_lettered", r.queue, r.task_id, r.attempt, reason="reclaims")
+
+    def _rejected(self, lease: Lease, write: str, exc: LeaseLost) -> None:
+        self.events.emit(
+            "zombie_rejected",
+            lease.queue,
+            lease.task_id,
+            lease.attempt,
+            write=write,
+            current_attempt=exc.current_attempt,
+            reason=exc.reason,
+        )
+
+
+def _describe(error: BaseException | str) -> dict[str, JSON]:
+    if isinstance(error, str):
+        return {"type": "Error", "message": error}
+    return {"type": type(error).__qualname__, "message": str(error)}

@@ -1,0 +1,235 @@
+"""The records that cross the storage seam and reach users: tasks, leases, jobs, stats.
+
+Values are kept as the JSON bytes the store holds and decoded on access, so a backend never
+encodes or decodes and every backend returns byte-identical values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from agentlease._codec import JSON, decode
+
+__all__ = [
+    "Enqueued",
+    "Job",
+    "Lease",
+    "LeaseInfo",
+    "LeaseTerms",
+    "NewTask",
+    "QueueStats",
+    "Reaped",
+    "Task",
+    "TaskSpec",
+    "TaskState",
+]
+
+TaskState = Literal["scheduled", "queued", "leased", "failed", "done", "dead"]
+"""``scheduled``: waiting for ``run_at``; ``queued``: ready; ``leased``: held by a worker;
+``failed``: raised and waiting for its retry time; ``done``: completed; ``dead``: dead-lettered."""
+
+STATES: tuple[TaskState, ...] = ("scheduled", "queued", "leased", "failed", "done", "dead")
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """One claim of one task: the proof a holder shows on every write.
+
+    Attributes:
+        task_id: the claimed task.
+        queue: its queue.
+        token: random and never reused; the store compares it on every holder write.
+        attempt: the fencing number, +1 at every claim of this task. Pass it to external systems
+            so they can refuse writes from an older attempt.
+        leased_at: when the claim happened, on the store's clock (seconds since the epoch).
+        expires_at: when the lease runs out unless extended, on the store's clock.
+    """
+
+    task_id: str
+    queue: str
+    token: str
+    attempt: int
+    leased_at: float
+    expires_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A claimed task as a worker sees it: the lease plus what the handler needs."""
+
+    lease: Lease
+    payload_json: bytes
+    checkpoint_json: bytes | None = None
+    priority: int = 0
+    failures: int = 0
+    reclaims: int = 0
+
+    @property
+    def task_id(self) -> str:
+        """The claimed task's id."""
+        return self.lease.task_id
+
+    @property
+    def attempt(self) -> int:
+        """The lease's fencing number."""
+        return self.lease.attempt
+
+    @property
+    def payload(self) -> JSON:
+        """The task's payload, decoded."""
+        return decode(self.payload_json)
+
+    @property
+    def checkpoint(self) -> JSON:
+        """The last checkpoint an earlier attempt saved, or ``None``."""
+        return decode(self.checkpoint_json)
+
+
+@dataclass(frozen=True, slots=True)
+class Task:
+    """Everything the store knows about one task (read-only snapshot)."""
+
+    id: str
+    queue: str
+    state: TaskState
+    priority: int
+    payload_json: bytes
+    attempt: int
+    reclaims: int
+    failures: int
+    max_reclaims: int
+    created_at: float
+    run_at: float
+    dedup_key: str | None = None
+    leased_at: float | None = None
+    expires_at: float | None = None
+    finished_at: float | None = None
+    progress_json: bytes | None = None
+    checkpoint_json: bytes | None = None
+    result_json: bytes | None = None
+    error_json: bytes | None = None
+
+    @property
+    def payload(self) -> JSON:
+        """The payload, decoded."""
+        return decode(self.payload_json)
+
+    @property
+    def result(self) -> JSON:
+        """The accepted result, decoded (``None`` until done)."""
+        return decode(self.result_json)
+
+    @property
+    def error(self) -> JSON:
+        """The last recorded error, decoded: ``{"type", "message"}`` or a reap reason."""
+        return decode(self.error_json)
+
+    @property
+    def progress(self) -> JSON:
+        """The last progress value, decoded."""
+        return decode(self.progress_json)
+
+    @property
+    def checkpoint(self) -> JSON:
+        """The last checkpoint, decoded."""
+        return decode(self.checkpoint_json)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TaskSpec:
+    """One task for :meth:`Queue.enqueue_many`.
+
+    Attributes:
+        payload: the task's JSON payload.
+        id: a caller-given id (enqueueing an existing id creates nothing); generated if ``None``.
+        priority: higher runs first; ties run in enqueue order.
+        delay: seconds before the task may run.
+        dedup_key: a key unique within the queue; a second task with it creates nothing.
+    """
+
+    payload: JSON = None
+    id: str | None = None
+    priority: int = 0
+    delay: float = 0.0
+    dedup_key: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class NewTask:
+    """A task to enqueue, already validated and encoded (the seam's input)."""
+
+    id: str
+    queue: str
+    payload_json: bytes
+    priority: int = 0
+    delay: float = 0.0
+    dedup_key: str | None = None
+    max_reclaims: int = 5
+
+
+@dataclass(frozen=True, slots=True)
+class Enqueued:
+    """The outcome of enqueueing one task.
+
+    ``created`` is false when a task with the same id, or the same dedup key in the same queue,
+    already existed; ``task_id`` then names that existing task.
+    """
+
+    task_id: str
+    created: bool
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseTerms:
+    """How a claim leases its tasks (validated above the seam).
+
+    Attributes:
+        lease_for: seconds until the lease expires unless extended.
+        max_total: the longest a lease may be held in total, however often it is extended.
+        progress_timeout: if set, a lease not followed by progress within this many seconds is
+            not extended past that point, so an alive-but-stuck holder is reaped.
+        reap_front: whether tasks reaped by this claim go to the front of their priority.
+    """
+
+    lease_for: float
+    max_total: float
+    progress_timeout: float | None = None
+    reap_front: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Reaped:
+    """A lease that expired and what the reaper did with its task."""
+
+    task_id: str
+    queue: str
+    attempt: int
+    outcome: Literal["requeued", "dead"]
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStats:
+    """Counts and ages for one queue, read in one consistent snapshot."""
+
+    queue: str
+    counts: dict[str, int] = field(default_factory=dict)
+    oldest_queued_age: float | None = None
+    now: float = 0.0
+
+    @property
+    def depth(self) -> int:
+        """Tasks waiting to run now (queued) or later (scheduled, failed)."""
+        return sum(self.counts.get(s, 0) for s in ("queued", "scheduled", "failed"))
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseInfo:
+    """A live lease as ``inspect`` shows it."""
+
+    task_id: str
+    attempt: int
+    leased_for: float
+    expires_in: float
+    reclaims: int
+    failures: int

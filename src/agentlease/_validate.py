@@ -1,0 +1,81 @@
+"""Argument checks shared by both faces; each raises a typed error and writes nothing."""
+
+from __future__ import annotations
+
+import math
+import re
+
+from agentlease.errors import InvalidDuration, InvalidInput, InvalidName
+
+__all__ = ["batch_size", "duration", "optional_duration", "queue_name", "task_id"]
+
+# Queue names become parts of Redis keys and SQL values; braces, spaces and control characters are
+# kept out so that hash tags and key patterns cannot be forged from a name.
+_QUEUE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:-]{0,127}")
+_TASK_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:@/+=-]{0,199}")
+
+
+def queue_name(name: object) -> str:
+    """Return ``name`` if it is a valid queue name, else raise :class:`InvalidName`."""
+    if not isinstance(name, str):
+        raise InvalidName(f"queue name must be a str, not {type(name).__name__}")
+    if not _QUEUE.fullmatch(name):
+        raise InvalidName(
+            f"invalid queue name {name!r}: 1 to 128 characters from letters, digits and _.:- "
+            "(not starting with . : or -)"
+        )
+    return name
+
+
+def task_id(value: object) -> str:
+    """Return ``value`` if it is a valid task id, else raise :class:`InvalidName`."""
+    if not isinstance(value, str):
+        raise InvalidName(f"task id must be a str, not {type(value).__name__}")
+    if not _TASK_ID.fullmatch(value):
+        raise InvalidName(
+            f"invalid task id {value!r}: 1 to 200 characters from letters, digits and _.:@/+=-"
+        )
+    return value
+
+
+def duration(value: object, what: str) -> float:
+    """Return ``value`` as seconds if it is a positive finite number."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidDuration(f"{what} must be a number of seconds, not {type(value).__name__}")
+    seconds = float(value)
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise InvalidDuration(f"{what} must be a positive finite number of seconds, not {value!r}")
+    return seconds
+
+
+def optional_duration(value: object, what: str) -> float | None:
+    """Like :func:`duration`, but ``None`` passes through."""
+    return None if value is None else duration(value, what)
+
+
+def non_negative(value: object, what: str) -> float:
+    """Return ``value`` as seconds if it is a finite number >= 0."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidDuration(f"{what} must be a number of seconds, not {type(value).__name__}")
+    seconds = float(value)
+    if not math.isfinite(seconds) or seconds < 0:
+        raise InvalidDuration(f"{what} must be a finite number of seconds >= 0, not {value!r}")
+    return seconds
+
+
+def batch_size(value: object, *, limit: int = 10_000) -> int:
+    """Return ``value`` if it is an int in 1..limit."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidInput(f"n must be an int, not {type(value).__name__}")
+    if not 1 <= value <= limit:
+        raise InvalidInput(f"n must be between 1 and {limit}, not {value}")
+    return value
+
+
+def integer(value: object, what: str, *, low: int, high: int) -> int:
+    """Return ``value`` if it is an int in low..high."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidInput(f"{what} must be an int, not {type(value).__name__}")
+    if not low <= value <= high:
+        raise InvalidInput(f"{what} must be between {low} and {high}, not {value}")
+    return value

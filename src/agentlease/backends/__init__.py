@@ -1,0 +1,86 @@
+"""Backends: one seam (``base``), one module per store, picked by URL scheme.
+
+``connect(url)`` returns the synchronous face, ``connect_async(url)`` the asyncio face. Drivers
+are imported lazily, only for the scheme asked for.
+
+=========== ============================== ===========================================
+scheme      example                        store
+=========== ============================== ===========================================
+memory      ``memory://``                  this process's memory (tests, the harness)
+sqlite      ``sqlite:///tasks.db``         a SQLite file (``sqlite:////abs/path.db``)
+=========== ============================== ===========================================
+"""
+
+from __future__ import annotations
+
+from urllib.parse import parse_qsl, urlsplit
+
+from agentlease.backends.base import AsyncBackend, Backend
+from agentlease.errors import InvalidURL
+
+__all__ = ["AsyncBackend", "Backend", "connect", "connect_async"]
+
+_SQLITE_OPTIONS = {"timeout", "synchronous"}
+
+
+def connect(url: str) -> Backend:
+    """Open the synchronous backend named by ``url``.
+
+    Raises:
+        InvalidURL: the URL is malformed, names an unknown scheme or an unknown option.
+        BackendUnavailable: the store cannot be opened.
+    """
+    if not isinstance(url, str) or not url:
+        raise InvalidURL(f"backend URL must be a non-empty str, not {url!r}")
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:
+        raise InvalidURL(f"malformed backend URL {url!r}: {exc}") from exc
+    scheme = parts.scheme.lower()
+    if scheme == "memory":
+        if parts.netloc or parts.path or parts.query:
+            raise InvalidURL(f"memory URLs take no host, path or options: {url!r}")
+        from agentlease.backends.memory import MemoryBackend
+
+        return MemoryBackend(url=url)
+    if scheme == "sqlite":
+        return _sqlite(url, parts.netloc, parts.path, parts.query)
+    raise InvalidURL(f"unsupported backend URL {url!r}: use memory:// or sqlite:///path/to/file.db")
+
+
+def connect_async(url: str) -> AsyncBackend:
+    """Open the asyncio backend named by ``url`` (same URLs and errors as :func:`connect`)."""
+    return connect(url).open_async()
+
+
+def _sqlite(url: str, netloc: str, path: str, query: str) -> Backend:
+    if netloc:
+        raise InvalidURL(
+            "SQLite URLs have no host: write sqlite:///relative.db or sqlite:////abs.db, "
+            f"not {url!r}"
+        )
+    if not path.startswith("/") or len(path) < 2:
+        raise InvalidURL(f"SQLite URL {url!r} names no file: write sqlite:///path/to/file.db")
+    file = path[1:]
+    if file in (":memory:", "") or file.endswith("/"):
+        raise InvalidURL(
+            f"SQLite URL {url!r} must name a file that several processes can open; "
+            "for an in-process store use memory://"
+        )
+    try:
+        options = dict(parse_qsl(query, strict_parsing=bool(query)))
+    except ValueError as exc:
+        raise InvalidURL(f"malformed options in {url!r}: {exc}") from exc
+    unknown = set(options) - _SQLITE_OPTIONS
+    if unknown:
+        raise InvalidURL(f"unknown SQLite options {sorted(unknown)} in {url!r}")
+    try:
+        timeout = float(options.get("timeout", "30"))
+    except ValueError as exc:
+        raise InvalidURL(f"timeout must be a number of seconds in {url!r}") from exc
+    synchronous = options.get("synchronous", "NORMAL").upper()
+    if synchronous not in ("NORMAL", "FULL"):
+        raise InvalidURL(f"synchronous must be NORMAL or FULL in {url!r}")
+    from agentlease.backends.sqlite import SQLiteBackend
+
+    return SQLiteBackend(file, timeout=timeout, synchronous=synchronous, url=url)

@@ -1,0 +1,125 @@
+"""The asyncio face of a backend whose driver is synchronous (memory, SQLite).
+
+Memory primitives never block, so they run inline on the event loop. SQLite primitives may wait
+for the database lock, so they run on one dedicated thread that owns the connection; the event
+loop never blocks on the store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, ParamSpec, TypeVar
+
+from agentlease._records import (
+    Enqueued,
+    Job,
+    Lease,
+    LeaseInfo,
+    LeaseTerms,
+    NewTask,
+    QueueStats,
+    Reaped,
+    Task,
+)
+
+if TYPE_CHECKING:
+    from agentlease.backends.base import Backend
+
+__all__ = ["ThreadedAsyncBackend"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class ThreadedAsyncBackend:
+    """Awaitable primitives over a synchronous backend.
+
+    Args:
+        sync: the backend that does the work.
+        inline: run primitives directly on the loop (only for stores that never block).
+        sync_factory: makes the synchronous twin for heartbeat threads; defaults to ``sync``
+            itself, which suits a thread-safe store.
+    """
+
+    def __init__(
+        self,
+        sync: Backend,
+        *,
+        inline: bool = False,
+        sync_factory: Callable[[], Backend] | None = None,
+    ) -> None:
+        self.url = sync.url
+        self._sync = sync
+        self._inline = inline
+        self._factory = sync_factory
+        self._executor = (
+            None
+            if inline
+            else ThreadPoolExecutor(max_workers=1, thread_name_prefix="agentlease-store")
+        )
+
+    async def _run(self, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
+        if self._executor is None:
+            return fn(*args, **kwargs)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, functools.partial(fn, *args, **kwargs))
+
+    async def now(self) -> float:
+        return await self._run(self._sync.now)
+
+    async def enqueue(self, tasks: Sequence[NewTask]) -> list[Enqueued]:
+        return await self._run(self._sync.enqueue, tasks)
+
+    async def claim(self, queue: str, n: int, terms: LeaseTerms) -> tuple[list[Job], list[Reaped]]:
+        return await self._run(self._sync.claim, queue, n, terms)
+
+    async def extend(self, leases: Sequence[Lease], lease_for: float) -> list[Lease | None]:
+        return await self._run(self._sync.extend, leases, lease_for)
+
+    async def complete(self, lease: Lease, result_json: bytes | None) -> None:
+        await self._run(self._sync.complete, lease, result_json)
+
+    async def fail(self, lease: Lease, error_json: bytes, retry_in: float | None) -> Task:
+        return await self._run(self._sync.fail, lease, error_json, retry_in)
+
+    async def release(self, lease: Lease, front: bool) -> None:
+        await self._run(self._sync.release, lease, front)
+
+    async def progress(
+        self, lease: Lease, progress_json: bytes | None, checkpoint_json: bytes | None
+    ) -> None:
+        await self._run(self._sync.progress, lease, progress_json, checkpoint_json)
+
+    async def reap(self, queue: str, front: bool) -> list[Reaped]:
+        return await self._run(self._sync.reap, queue, front)
+
+    async def get(self, task_id: str) -> Task:
+        return await self._run(self._sync.get, task_id)
+
+    async def stats(self, queue: str) -> QueueStats:
+        return await self._run(self._sync.stats, queue)
+
+    async def queues(self) -> list[str]:
+        return await self._run(self._sync.queues)
+
+    async def inspect(self, queue: str, limit: int) -> list[LeaseInfo]:
+        return await self._run(self._sync.inspect, queue, limit)
+
+    async def dead(self, queue: str, limit: int) -> list[Task]:
+        return await self._run(self._sync.dead, queue, limit)
+
+    async def requeue_dead(self, queue: str, task_ids: Sequence[str] | None, front: bool) -> int:
+        return await self._run(self._sync.requeue_dead, queue, task_ids, front)
+
+    async def close(self) -> None:
+        if self._executor is None:
+            self._sync.close()
+            return
+        await self._run(self._sync.close)
+        self._executor.shutdown(wait=False)
+
+    def open_sync(self) -> Backend:
+        return self._sync if self._factory is None else self._factory()

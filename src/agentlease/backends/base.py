@@ -1,0 +1,159 @@
+"""The storage seam: the atomic primitives every backend implements, in a sync and an async face.
+
+Policy (retry decisions, validation, JSON, events) lives above this seam and is written once. A
+backend only moves records, and each primitive is **one atomic step** on its store: one
+``BEGIN IMMEDIATE`` transaction in SQLite, one critical section in memory, one Lua script in Redis,
+one statement or transaction in PostgreSQL. Times are absolute seconds on **the store's clock**;
+callers pass durations.
+
+Every holder write (``extend``, ``complete``, ``fail``, ``release``, ``progress``) is fenced: it
+compares the lease's token and requires the lease to be live (``now < expires_at``) inside the
+same step, and a stale one raises :class:`~agentlease.errors.LeaseLost` and changes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from agentlease._records import (
+    Enqueued,
+    Job,
+    Lease,
+    LeaseInfo,
+    LeaseTerms,
+    NewTask,
+    QueueStats,
+    Reaped,
+    Task,
+)
+
+__all__ = ["AsyncBackend", "Backend"]
+
+
+class Backend(Protocol):
+    """The synchronous face of the seam."""
+
+    url: str
+
+    def now(self) -> float:
+        """The store's clock, in seconds since the epoch."""
+        ...
+
+    def enqueue(self, tasks: Sequence[NewTask]) -> list[Enqueued]:
+        """Insert tasks in one atomic step, all or nothing.
+
+        A task whose id exists, or whose dedup key exists in its queue, is not inserted and is
+        reported with ``created=False`` and the existing id. ``delay > 0`` makes it ``scheduled``.
+        """
+        ...
+
+    def claim(self, queue: str, n: int, terms: LeaseTerms) -> tuple[list[Job], list[Reaped]]:
+        """Lease up to ``n`` ready tasks in one atomic step.
+
+        In that one step: promote due scheduled/failed tasks, reap expired leases of the queue
+        (to the front if ``terms.reap_front``; dead-lettered past ``max_reclaims``), pick by
+        priority (higher first) then sequence, mark leased with a fresh random token per task,
+        ``attempt += 1``, expiry from the store's clock. Returns the jobs in pick order and the
+        leases it reaped.
+        """
+        ...
+
+    def extend(self, leases: Sequence[Lease], lease_for: float) -> list[Lease | None]:
+        """Extend many leases in one atomic step; ``None`` for each lease no longer held.
+
+        The new expiry is ``now + lease_for`` capped by the lease's total deadline and progress
+        deadline.
+        """
+        ...
+
+    def complete(self, lease: Lease, result_json: bytes | None) -> None:
+        """Mark the task done with its result, fenced, in one atomic step."""
+        ...
+
+    def fail(self, lease: Lease, error_json: bytes, retry_in: float | None) -> Task:
+        """Record a raised error, fenced: retry after ``retry_in`` seconds, or dead-letter."""
+        ...
+
+    def release(self, lease: Lease, front: bool) -> None:
+        """Give the task back unrun (not a failure, not a reclaim), fenced."""
+        ...
+
+    def progress(
+        self, lease: Lease, progress_json: bytes | None, checkpoint_json: bytes | None
+    ) -> None:
+        """Record progress (and a checkpoint if given) and reset the progress deadline, fenced."""
+        ...
+
+    def reap(self, queue: str, front: bool) -> list[Reaped]:
+        """Requeue (or dead-letter) every expired lease of the queue, in one atomic step."""
+        ...
+
+    def get(self, task_id: str) -> Task:
+        """Read one task; raises :class:`~agentlease.errors.UnknownTask`."""
+        ...
+
+    def stats(self, queue: str) -> QueueStats:
+        """Counts by state and the oldest queued age; raises UnknownQueue."""
+        ...
+
+    def queues(self) -> list[str]:
+        """Every queue that was ever enqueued to, sorted."""
+        ...
+
+    def inspect(self, queue: str, limit: int) -> list[LeaseInfo]:
+        """Live leases of the queue, soonest expiry first; raises UnknownQueue."""
+        ...
+
+    def dead(self, queue: str, limit: int) -> list[Task]:
+        """Dead-lettered tasks of the queue, most recent first; raises UnknownQueue."""
+        ...
+
+    def requeue_dead(self, queue: str, task_ids: Sequence[str] | None, front: bool) -> int:
+        """Requeue dead tasks (all of the queue's if ``task_ids`` is None) with fresh budgets.
+
+        Returns how many were requeued. The attempt counter is kept, so fencing stays monotonic.
+        """
+        ...
+
+    def close(self) -> None:
+        """Release connections."""
+        ...
+
+    def open_async(self) -> AsyncBackend:
+        """An asyncio backend on the same store (shared state or a connection of its own)."""
+        ...
+
+
+class AsyncBackend(Protocol):
+    """The asyncio face of the seam: the same primitives, awaited."""
+
+    url: str
+
+    async def now(self) -> float: ...
+    async def enqueue(self, tasks: Sequence[NewTask]) -> list[Enqueued]: ...
+    async def claim(
+        self, queue: str, n: int, terms: LeaseTerms
+    ) -> tuple[list[Job], list[Reaped]]: ...
+    async def extend(self, leases: Sequence[Lease], lease_for: float) -> list[Lease | None]: ...
+    async def complete(self, lease: Lease, result_json: bytes | None) -> None: ...
+    async def fail(self, lease: Lease, error_json: bytes, retry_in: float | None) -> Task: ...
+    async def release(self, lease: Lease, front: bool) -> None: ...
+    async def progress(
+        self, lease: Lease, progress_json: bytes | None, checkpoint_json: bytes | None
+    ) -> None: ...
+    async def reap(self, queue: str, front: bool) -> list[Reaped]: ...
+    async def get(self, task_id: str) -> Task: ...
+    async def stats(self, queue: str) -> QueueStats: ...
+    async def queues(self) -> list[str]: ...
+    async def inspect(self, queue: str, limit: int) -> list[LeaseInfo]: ...
+    async def dead(self, queue: str, limit: int) -> list[Task]: ...
+    async def requeue_dead(
+        self, queue: str, task_ids: Sequence[str] | None, front: bool
+    ) -> int: ...
+    async def close(self) -> None: ...
+
+    def open_sync(self) -> Backend:
+        """A synchronous backend on the same store, for a heartbeat thread that no event loop
+        can starve. It may share state (memory) or hold its own connection (SQLite)."""
+        ...

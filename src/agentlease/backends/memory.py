@@ -1,0 +1,416 @@
+"""The in-memory backend: tests and the fault harness; deterministic under a fake clock.
+
+Each primitive runs under one lock, so it is one atomic step for every thread of the process.
+Ready tasks sit in a heap per queue, ordered by (priority descending, sequence); scheduled tasks
+and leases sit in heaps by time. Heap entries are validated when popped (lazy deletion), so claim,
+extend and complete cost O(log n) and the reaper's cost grows with the expired leases only.
+"""
+
+from __future__ import annotations
+
+import heapq
+import secrets
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+import orjson
+
+from agentlease._policy.lease import front_seq, is_live, lease_expiry, reap_outcome
+from agentlease._records import (
+    Enqueued,
+    Job,
+    Lease,
+    LeaseInfo,
+    LeaseTerms,
+    NewTask,
+    QueueStats,
+    Reaped,
+    Task,
+    TaskState,
+)
+from agentlease.backends._threaded import ThreadedAsyncBackend
+from agentlease.backends.base import AsyncBackend
+from agentlease.errors import LeaseLost, UnknownQueue, UnknownTask
+
+__all__ = ["MemoryBackend"]
+
+
+@dataclass(slots=True)
+class _Row:
+    task: Task
+    seq: int
+    token: str | None = None
+    deadline: float = 0.0
+    progress_timeout: float | None = None
+    progressed_at: float = 0.0
+
+
+@dataclass(slots=True)
+class _Lane:
+    ready: list[tuple[int, int, str]]
+    waiting: list[tuple[float, str]]
+    leased: list[tuple[float, str, str]]
+
+
+class MemoryBackend:
+    """Tasks held in this process's memory.
+
+    Args:
+        clock: the store's clock; pass a fake clock for deterministic tests.
+        url: how the backend is named in messages.
+    """
+
+    def __init__(self, *, clock: Callable[[], float] = time.time, url: str = "memory://") -> None:
+        self.url = url
+        self._clock = clock
+        self._lock = threading.RLock()
+        self._rows: dict[str, _Row] = {}
+        self._lanes: dict[str, _Lane] = {}
+        self._dedup: dict[tuple[str, str], str] = {}
+        self._seq = 0
+
+    # -- helpers (called with the lock held) ---------------------------------------------------
+
+    def _lane(self, queue: str) -> _Lane:
+        lane = self._lanes.get(queue)
+        if lane is None:
+            raise UnknownQueue(queue)
+        return lane
+
+    def _push_ready(self, lane: _Lane, row: _Row) -> None:
+        heapq.heappush(lane.ready, (-row.task.priority, row.seq, row.task.id))
+
+    def _fenced(self, lease: Lease, now: float) -> _Row:
+        row = self._rows.get(lease.task_id)
+        if row is None:
+            raise UnknownTask(lease.task_id)
+        t = row.task
+        if (
+            t.state != "leased"
+            or row.token != lease.token
+            or t.expires_at is None
+            or not is_live(now, t.expires_at)
+        ):
+            if t.state != "leased":
+                reason = f"task is {t.state}"
+            elif row.token != lease.token:
+                reason = "token replaced"
+            else:
+                reason = "lease expired"
+            raise LeaseLost(lease.task_id, lease.attempt, t.attempt, t.state, reason=reason)
+        return row
+
+    def _promote(self, lane: _Lane, now: float) -> None:
+        while lane.waiting and lane.waiting[0][0] <= now:
+            run_at, task_id = heapq.heappop(lane.waiting)
+            row = self._rows[task_id]
+            if row.task.state in ("scheduled", "failed") and row.task.run_at == run_at:
+                row.task = replace(row.task, state="queued")
+                self._push_ready(lane, row)
+
+    def _reap(self, queue: str, lane: _Lane, now: float, front: bool) -> list[Reaped]:
+        reaped: list[Reaped] = []
+        while lane.leased and lane.leased[0][0] <= now:
+            expires_at, task_id, token = heapq.heappop(lane.leased)
+            row = self._rows[task_id]
+            t = row.task
+            if t.state != "leased" or row.token != token or t.expires_at != expires_at:
+                continue
+            reclaims = t.reclaims + 1
+            outcome = reap_outcome(reclaims, t.max_reclaims)
+            row.token = None
+            if outcome == "dead":
+                error = orjson.dumps(
+                    {"type": "LeaseExpired", "message": f"lease expired {reclaims} times"}
+                )
+                row.task = replace(
+                    t,
+                    state="dead",
+                    reclaims=reclaims,
+                    finished_at=now,
+                    error_json=error,
+                    expires_at=None,
+                )
+            else:
+                if front:
+                    row.seq = front_seq(row.seq)
+                else:
+                    self._seq += 1
+                    row.seq = self._seq
+                row.task = replace(t, state="queued", reclaims=reclaims, expires_at=None)
+                self._push_ready(lane, row)
+            reaped.append(Reaped(task_id, queue, t.attempt, outcome))
+        return reaped
+
+    def _set_lease(self, lane: _Lane, row: _Row) -> None:
+        t = row.task
+        assert t.expires_at is not None
+        assert row.token is not None
+        heapq.heappush(lane.leased, (t.expires_at, t.id, row.token))
+
+    # -- primitives -----------------------------------------------------------------------------
+
+    def now(self) -> float:
+        return self._clock()
+
+    def enqueue(self, tasks: Sequence[NewTask]) -> list[Enqueued]:
+        with self._lock:
+            now = self._clock()
+            out: list[Enqueued] = []
+            batch: dict[str, str] = {}
+            for spec in tasks:
+                existing = self._rows.get(spec.id) or (
+                    self._rows.get(self._dedup.get((spec.queue, spec.dedup_key), ""))
+                    if spec.dedup_key is not None
+                    else None
+                )
+                if existing is not None:
+                    out.append(Enqueued(existing.task.id, False))
+                    continue
+                if spec.id in batch:
+                    out.append(Enqueued(spec.id, False))
+                    continue
+                lane = self._lanes.setdefault(spec.queue, _Lane([], [], []))
+                self._seq += 1
+                state: TaskState = "scheduled" if spec.delay > 0 else "queued"
+                row = _Row(
+                    Task(
+                        id=spec.id,
+                        queue=spec.queue,
+                        state=state,
+                        priority=spec.priority,
+                        payload_json=spec.payload_json,
+                        attempt=0,
+                        reclaims=0,
+                        failures=0,
+                        max_reclaims=spec.max_reclaims,
+                        created_at=now,
+                        run_at=now + spec.delay,
+                        dedup_key=spec.dedup_key,
+                    ),
+                    seq=self._seq,
+                )
+                self._rows[spec.id] = row
+                batch[spec.id] = spec.id
+                if spec.dedup_key is not None:
+                    self._dedup[(spec.queue, spec.dedup_key)] = spec.id
+                if state == "queued":
+                    self._push_ready(lane, row)
+                else:
+                    heapq.heappush(lane.waiting, (row.task.run_at, spec.id))
+                out.append(Enqueued(spec.id, True))
+            return out
+
+    def claim(self, queue: str, n: int, terms: LeaseTerms) -> tuple[list[Job], list[Reaped]]:
+        with self._lock:
+            lane = self._lanes.get(queue)
+            if lane is None:
+                return [], []
+            now = self._clock()
+            self._promote(lane, now)
+            reaped = self._reap(queue, lane, now, terms.reap_front)
+            jobs: list[Job] = []
+            while lane.ready and len(jobs) < n:
+                neg_priority, seq, task_id = heapq.heappop(lane.ready)
+                row = self._rows[task_id]
+                t = row.task
+                if t.state != "queued" or row.seq != seq or t.priority != -neg_priority:
+                    continue
+                row.token = secrets.token_hex(16)
+                row.deadline = now + terms.max_total
+                row.progress_timeout = terms.progress_timeout
+                row.progressed_at = now
+                expires = lease_expiry(
+                    now, terms.lease_for, row.deadline, now, terms.progress_timeout
+                )
+                row.task = replace(
+                    t, state="leased", attempt=t.attempt + 1, leased_at=now, expires_at=expires
+                )
+                self._set_lease(lane, row)
+                lease = Lease(task_id, queue, row.token, t.attempt + 1, now, expires)
+                jobs.append(
+                    Job(
+                        lease, t.payload_json, t.checkpoint_json, t.priority, t.failures, t.reclaims
+                    )
+                )
+            return jobs, reaped
+
+    def extend(self, leases: Sequence[Lease], lease_for: float) -> list[Lease | None]:
+        with self._lock:
+            now = self._clock()
+            out: list[Lease | None] = []
+            for lease in leases:
+                try:
+                    row = self._fenced(lease, now)
+                except (LeaseLost, UnknownTask):
+                    out.append(None)
+                    continue
+                expires = lease_expiry(
+                    now, lease_for, row.deadline, row.progressed_at, row.progress_timeout
+                )
+                if expires != row.task.expires_at:
+                    row.task = replace(row.task, expires_at=expires)
+                    self._set_lease(self._lanes[row.task.queue], row)
+                out.append(replace(lease, expires_at=expires))
+            return out
+
+    def complete(self, lease: Lease, result_json: bytes | None) -> None:
+        with self._lock:
+            now = self._clock()
+            row = self._fenced(lease, now)
+            row.token = None
+            row.task = replace(
+                row.task, state="done", result_json=result_json, finished_at=now, expires_at=None
+            )
+
+    def fail(self, lease: Lease, error_json: bytes, retry_in: float | None) -> Task:
+        with self._lock:
+            now = self._clock()
+            row = self._fenced(lease, now)
+            row.token = None
+            t = row.task
+            if retry_in is None:
+                row.task = replace(
+                    t,
+                    state="dead",
+                    failures=t.failures + 1,
+                    error_json=error_json,
+                    finished_at=now,
+                    expires_at=None,
+                )
+            else:
+                row.task = replace(
+                    t,
+                    state="failed",
+                    failures=t.failures + 1,
+                    error_json=error_json,
+                    run_at=now + retry_in,
+                    expires_at=None,
+                )
+                heapq.heappush(self._lanes[t.queue].waiting, (row.task.run_at, t.id))
+            return row.task
+
+    def release(self, lease: Lease, front: bool) -> None:
+        with self._lock:
+            now = self._clock()
+            row = self._fenced(lease, now)
+            row.token = None
+            if front:
+                row.seq = front_seq(row.seq)
+            else:
+                self._seq += 1
+                row.seq = self._seq
+            row.task = replace(row.task, state="queued", expires_at=None)
+            self._push_ready(self._lanes[row.task.queue], row)
+
+    def progress(
+        self, lease: Lease, progress_json: bytes | None, checkpoint_json: bytes | None
+    ) -> None:
+        with self._lock:
+            now = self._clock()
+            row = self._fenced(lease, now)
+            row.progressed_at = now
+            t = row.task
+            row.task = replace(
+                t,
+                progress_json=progress_json,
+                checkpoint_json=checkpoint_json
+                if checkpoint_json is not None
+                else t.checkpoint_json,
+            )
+
+    def reap(self, queue: str, front: bool) -> list[Reaped]:
+        with self._lock:
+            lane = self._lanes.get(queue)
+            if lane is None:
+                return []
+            return self._reap(queue, lane, self._clock(), front)
+
+    def get(self, task_id: str) -> Task:
+        with self._lock:
+            row = self._rows.get(task_id)
+            if row is None:
+                raise UnknownTask(task_id)
+            return row.task
+
+    def stats(self, queue: str) -> QueueStats:
+        with self._lock:
+            self._lane(queue)
+            now = self._clock()
+            counts: dict[str, int] = {}
+            oldest: float | None = None
+            for row in self._rows.values():
+                t = row.task
+                if t.queue != queue:
+                    continue
+                counts[t.state] = counts.get(t.state, 0) + 1
+                if t.state == "queued":
+                    age = now - t.created_at
+                    oldest = age if oldest is None else max(oldest, age)
+            return QueueStats(queue, counts, oldest, now)
+
+    def queues(self) -> list[str]:
+        with self._lock:
+            return sorted(self._lanes)
+
+    def inspect(self, queue: str, limit: int) -> list[LeaseInfo]:
+        with self._lock:
+            self._lane(queue)
+            now = self._clock()
+            live = [
+                r.task
+                for r in self._rows.values()
+                if r.task.queue == queue
+                and r.task.state == "leased"
+                and r.task.expires_at is not None
+                and is_live(now, r.task.expires_at)
+            ]
+            live.sort(key=lambda t: (t.expires_at, t.id))
+            return [
+                LeaseInfo(
+                    t.id,
+                    t.attempt,
+                    now - (t.leased_at or now),
+                    (t.expires_at or now) - now,
+                    t.reclaims,
+                    t.failures,
+                )
+                for t in live[:limit]
+            ]
+
+    def dead(self, queue: str, limit: int) -> list[Task]:
+        with self._lock:
+            self._lane(queue)
+            rows = [r.task for r in self._rows.values() if r.task.queue == queue]
+            dead = [t for t in rows if t.state == "dead"]
+            dead.sort(key=lambda t: (-(t.finished_at or 0.0), t.id))
+            return dead[:limit]
+
+    def requeue_dead(self, queue: str, task_ids: Sequence[str] | None, front: bool) -> int:
+        with self._lock:
+            lane = self._lane(queue)
+            wanted = None if task_ids is None else set(task_ids)
+            count = 0
+            for row in self._rows.values():
+                t = row.task
+                if t.queue != queue or t.state != "dead":
+                    continue
+                if wanted is not None and t.id not in wanted:
+                    continue
+                if front:
+                    row.seq = front_seq(row.seq)
+                else:
+                    self._seq += 1
+                    row.seq = self._seq
+                row.task = replace(t, state="queued", reclaims=0, failures=0, finished_at=None)
+                self._push_ready(lane, row)
+                count += 1
+            return count
+
+    def close(self) -> None:
+        """Nothing to release: the tasks live as long as this object."""
+
+    def open_async(self) -> AsyncBackend:
+        return ThreadedAsyncBackend(self, inline=True)

@@ -1,0 +1,396 @@
+"""The SQLite backend: the embedded default for one machine and many processes, no server.
+
+The database runs in WAL mode. Every primitive is one atomic step: a single statement in
+autocommit mode (complete, fail, release, progress, extend) or one ``BEGIN IMMEDIATE``
+transaction (enqueue, claim, reap, requeue), which takes the write lock before reading so no two
+processes can pick the same task. The clock is this machine's, read inside that step; every
+process on the machine shares it. SQL lives in ``sql/sqlite.sql``.
+
+Durability: with ``synchronous=NORMAL`` (the default here) a committed write survives the crash
+of any process; a power loss may lose the last transactions. ``?synchronous=FULL`` keeps those too.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import orjson
+
+from agentlease._policy.lease import FRONT_OFFSET, front_seq, lease_expiry, reap_outcome
+from agentlease._records import (
+    Enqueued,
+    Job,
+    Lease,
+    LeaseInfo,
+    LeaseTerms,
+    NewTask,
+    QueueStats,
+    Reaped,
+    Task,
+)
+from agentlease.backends._sqlfile import queries
+from agentlease.backends._threaded import ThreadedAsyncBackend
+from agentlease.backends.base import AsyncBackend
+from agentlease.errors import BackendError, BackendUnavailable, LeaseLost, UnknownQueue, UnknownTask
+
+__all__ = ["SQLiteBackend"]
+
+Q = queries("agentlease.backends.sql", "sqlite.sql")
+SCHEMA_VERSION = 1
+
+
+@contextmanager
+def _translated(path: str) -> Iterator[None]:
+    """The one place where sqlite3 errors become agentlease errors (original kept as cause)."""
+    try:
+        yield
+    except sqlite3.OperationalError as exc:
+        raise BackendUnavailable(f"SQLite database {path!r}: {exc}") from exc
+    except sqlite3.Error as exc:
+        raise BackendError(f"SQLite database {path!r}: {exc}") from exc
+
+
+def _task(row: Sequence[Any]) -> Task:
+    return Task(
+        id=row[0],
+        queue=row[1],
+        state=row[2],
+        priority=row[3],
+        payload_json=row[4],
+        attempt=row[5],
+        reclaims=row[6],
+        failures=row[7],
+        max_reclaims=row[8],
+        created_at=row[9],
+        run_at=row[10],
+        dedup_key=row[11],
+        leased_at=row[12],
+        expires_at=row[13],
+        finished_at=row[14],
+        progress_json=row[15],
+        checkpoint_json=row[16],
+        result_json=row[17],
+        error_json=row[18],
+    )
+
+
+class SQLiteBackend:
+    """Tasks in one SQLite database file, shared by every process on the machine.
+
+    Args:
+        path: the database file (created with its schema if missing).
+        timeout: seconds to wait for the write lock before failing with BackendUnavailable.
+        synchronous: SQLite's ``synchronous`` setting: ``NORMAL`` or ``FULL``.
+        url: how the backend is named in messages.
+    """
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        timeout: float = 30.0,
+        synchronous: str = "NORMAL",
+        url: str | None = None,
+    ) -> None:
+        self.path = path
+        self.url = url or f"sqlite:///{path}"
+        self._timeout = timeout
+        self._synchronous = synchronous
+        self._lock = threading.Lock()
+        with _translated(path):
+            self._db = sqlite3.connect(
+                path,
+                timeout=timeout,
+                isolation_level=None,
+                check_same_thread=False,
+                cached_statements=64,
+            )
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute(f"PRAGMA synchronous={synchronous}")
+            self._migrate()
+
+    def _migrate(self) -> None:
+        db = self._db
+        (version,) = db.execute("PRAGMA user_version").fetchone()
+        if version >= SCHEMA_VERSION:
+            return
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            (version,) = db.execute("PRAGMA user_version").fetchone()
+            if version < SCHEMA_VERSION:
+                for statement in Q["schema"].split(";"):
+                    if statement.strip():
+                        db.execute(statement)
+                db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+
+    @contextmanager
+    def _step(self, *, write: bool) -> Iterator[sqlite3.Connection]:
+        """One primitive: the connection lock, error translation and, for writes, one
+        ``BEGIN IMMEDIATE`` transaction committed on success and rolled back on any error."""
+        with self._lock, _translated(self.path):
+            db = self._db
+            if not write:
+                yield db
+                return
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                yield db
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
+
+    def _lost(self, db: sqlite3.Connection, lease: Lease, now: float) -> LeaseLost | UnknownTask:
+        row = db.execute(Q["fence_state"], {"id": lease.task_id}).fetchone()
+        if row is None:
+            return UnknownTask(lease.task_id)
+        attempt, state, token, expires_at = row
+        if state != "leased":
+            reason = f"task is {state}"
+        elif token != lease.token:
+            reason = "token replaced"
+        elif expires_at is not None and expires_at <= now:
+            reason = "lease expired"
+        else:
+            reason = "lease no longer held"
+        return LeaseLost(lease.task_id, lease.attempt, attempt, state, reason=reason)
+
+    def _fenced(self, name: str, lease: Lease, params: dict[str, Any]) -> None:
+        with self._step(write=False) as db:
+            now = time.time()
+            params.update(id=lease.task_id, token=lease.token, now=now)
+            if db.execute(Q[name], params).rowcount != 1:
+                raise self._lost(db, lease, now)
+
+    def _next_seq(self, db: sqlite3.Connection, queue: str, count: int = 1) -> int:
+        (last,) = db.execute(Q["bump_seq"], {"queue": queue, "count": count}).fetchone()
+        return int(last) - count + 1
+
+    def _require_queue(self, db: sqlite3.Connection, queue: str) -> None:
+        if db.execute(Q["queue_exists"], {"queue": queue}).fetchone() is None:
+            raise UnknownQueue(queue)
+
+    def _reap(self, db: sqlite3.Connection, queue: str, now: float, front: bool) -> list[Reaped]:
+        reaped: list[Reaped] = []
+        for task_id, attempt, before, max_reclaims, seq in db.execute(
+            Q["expired"], {"queue": queue, "now": now}
+        ).fetchall():
+            reclaims = before + 1
+            outcome = reap_outcome(reclaims, max_reclaims)
+            if outcome == "dead":
+                error = orjson.dumps(
+                    {"type": "LeaseExpired", "message": f"lease expired {reclaims} times"}
+                )
+                db.execute(
+                    Q["reap_dead"],
+                    {"id": task_id, "reclaims": reclaims, "now": now, "error": error},
+                )
+            else:
+                new_seq = front_seq(seq) if front else self._next_seq(db, queue)
+                db.execute(Q["reap_requeue"], {"id": task_id, "reclaims": reclaims, "seq": new_seq})
+            reaped.append(Reaped(task_id, queue, attempt, outcome))
+        return reaped
+
+    # -- primitives -----------------------------------------------------------------------------
+
+    def now(self) -> float:
+        return time.time()
+
+    def enqueue(self, tasks: Sequence[NewTask]) -> list[Enqueued]:
+        per_queue: dict[str, int] = {}
+        for spec in tasks:
+            per_queue[spec.queue] = per_queue.get(spec.queue, 0) + 1
+        with self._step(write=True) as db:
+            now = time.time()
+            next_seq = {q: self._next_seq(db, q, c) for q, c in per_queue.items()}
+            out: list[Enqueued] = []
+            for spec in tasks:
+                seq = next_seq[spec.queue]
+                next_seq[spec.queue] = seq + 1
+                cursor = db.execute(
+                    Q["insert_task"],
+                    {
+                        "id": spec.id,
+                        "queue": spec.queue,
+                        "state": "scheduled" if spec.delay > 0 else "queued",
+                        "priority": spec.priority,
+                        "seq": seq,
+                        "payload": spec.payload_json,
+                        "dedup_key": spec.dedup_key,
+                        "max_reclaims": spec.max_reclaims,
+                        "now": now,
+                        "run_at": now + spec.delay,
+                    },
+                )
+                if cursor.rowcount == 1:
+                    out.append(Enqueued(spec.id, True))
+                    continue
+                (existing,) = db.execute(
+                    Q["find_existing"],
+                    {"id": spec.id, "queue": spec.queue, "dedup_key": spec.dedup_key},
+                ).fetchone()
+                out.append(Enqueued(existing, False))
+            return out
+
+    def claim(self, queue: str, n: int, terms: LeaseTerms) -> tuple[list[Job], list[Reaped]]:
+        # A read-only probe first: idle workers polling an empty queue never take the write lock.
+        with self._step(write=False) as db:
+            (work,) = db.execute(Q["probe"], {"queue": queue, "now": time.time()}).fetchone()
+        if not work:
+            return [], []
+        with self._step(write=True) as db:
+            now = time.time()
+            db.execute(Q["promote"], {"queue": queue, "now": now})
+            reaped = self._reap(db, queue, now, terms.reap_front)
+            deadline = now + terms.max_total
+            expires = lease_expiry(now, terms.lease_for, deadline, now, terms.progress_timeout)
+            rows = db.execute(
+                Q["claim"],
+                {
+                    "queue": queue,
+                    "n": n,
+                    "now": now,
+                    "expires_at": expires,
+                    "deadline": deadline,
+                    "progress_timeout": terms.progress_timeout,
+                },
+            ).fetchall()
+        rows.sort(key=lambda r: (-r[5], r[8]))
+        jobs = [
+            Job(Lease(r[0], queue, r[1], r[2], now, expires), r[3], r[4], r[5], r[6], r[7])
+            for r in rows
+        ]
+        return jobs, reaped
+
+    def extend(self, leases: Sequence[Lease], lease_for: float) -> list[Lease | None]:
+        if not leases:
+            return []
+        payload = orjson.dumps([[lease.task_id, lease.token] for lease in leases])
+        with self._step(write=False) as db:
+            now = time.time()
+            rows = db.execute(
+                Q["extend"], {"leases": payload, "now": now, "lease_for": lease_for}
+            ).fetchall()
+        renewed = dict(rows)
+        out: list[Lease | None] = []
+        for lease in leases:
+            expires = renewed.get(lease.task_id)
+            out.append(
+                None
+                if expires is None
+                else Lease(
+                    lease.task_id,
+                    lease.queue,
+                    lease.token,
+                    lease.attempt,
+                    lease.leased_at,
+                    expires,
+                )
+            )
+        return out
+
+    def complete(self, lease: Lease, result_json: bytes | None) -> None:
+        self._fenced("complete", lease, {"result": result_json})
+
+    def fail(self, lease: Lease, error_json: bytes, retry_in: float | None) -> Task:
+        if retry_in is None:
+            self._fenced("fail_dead", lease, {"error": error_json})
+        else:
+            self._fenced("fail_retry", lease, {"error": error_json, "retry_in": retry_in})
+        return self.get(lease.task_id)
+
+    def release(self, lease: Lease, front: bool) -> None:
+        with self._step(write=True) as db:
+            now = time.time()
+            seq = 0 if front else self._next_seq(db, lease.queue)
+            params = {
+                "id": lease.task_id,
+                "token": lease.token,
+                "now": now,
+                "front": front,
+                "offset": FRONT_OFFSET,
+                "seq": seq,
+            }
+            if db.execute(Q["release"], params).rowcount != 1:
+                raise self._lost(db, lease, now)
+
+    def progress(
+        self, lease: Lease, progress_json: bytes | None, checkpoint_json: bytes | None
+    ) -> None:
+        self._fenced("progress", lease, {"progress": progress_json, "checkpoint": checkpoint_json})
+
+    def reap(self, queue: str, front: bool) -> list[Reaped]:
+        with self._step(write=True) as db:
+            return self._reap(db, queue, time.time(), front)
+
+    def get(self, task_id: str) -> Task:
+        with self._step(write=False) as db:
+            row = db.execute(Q["get"], {"id": task_id}).fetchone()
+        if row is None:
+            raise UnknownTask(task_id)
+        return _task(row)
+
+    def stats(self, queue: str) -> QueueStats:
+        with self._step(write=False) as db:
+            db.execute("BEGIN")  # one read snapshot for every count
+            try:
+                self._require_queue(db, queue)
+                now = time.time()
+                counts = dict(db.execute(Q["counts"], {"queue": queue}))
+                (oldest,) = db.execute(Q["oldest_queued"], {"queue": queue}).fetchone()
+            finally:
+                db.execute("COMMIT")
+        return QueueStats(queue, counts, None if oldest is None else now - oldest, now)
+
+    def queues(self) -> list[str]:
+        with self._step(write=False) as db:
+            return [name for (name,) in db.execute(Q["queues"])]
+
+    def inspect(self, queue: str, limit: int) -> list[LeaseInfo]:
+        with self._step(write=False) as db:
+            self._require_queue(db, queue)
+            now = time.time()
+            rows = db.execute(Q["inspect"], {"queue": queue, "now": now, "limit": limit}).fetchall()
+        return [
+            LeaseInfo(task_id, attempt, now - leased_at, expires_at - now, reclaims, failures)
+            for task_id, attempt, leased_at, expires_at, reclaims, failures in rows
+        ]
+
+    def dead(self, queue: str, limit: int) -> list[Task]:
+        with self._step(write=False) as db:
+            self._require_queue(db, queue)
+            rows = db.execute(Q["dead"], {"queue": queue, "limit": limit}).fetchall()
+        return [_task(r) for r in rows]
+
+    def requeue_dead(self, queue: str, task_ids: Sequence[str] | None, front: bool) -> int:
+        with self._step(write=True) as db:
+            self._require_queue(db, queue)
+            rows = db.execute(Q["dead_ids"], {"queue": queue}).fetchall()
+            wanted = None if task_ids is None else set(task_ids)
+            chosen = [(i, s) for i, s in rows if wanted is None or i in wanted]
+            for task_id, seq in chosen:
+                new_seq = front_seq(seq) if front else self._next_seq(db, queue)
+                db.execute(Q["requeue_dead"], {"id": task_id, "seq": new_seq})
+            return len(chosen)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def twin(self) -> SQLiteBackend:
+        """Another connection to the same database."""
+        return SQLiteBackend(
+            self.path, timeout=self._timeout, synchronous=self._synchronous, url=self.url
+        )
+
+    def open_async(self) -> AsyncBackend:
+        return ThreadedAsyncBackend(self.twin(), sync_factory=self.twin)

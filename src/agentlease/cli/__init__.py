@@ -1,0 +1,5 @@
+"""The command line."""
+
+
+def main() -> None:
+    """Entry point."""
