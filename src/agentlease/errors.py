@@ -17,6 +17,7 @@ Every refusal is one of these classes, so callers can catch exactly what they me
     ├── BackendError                            the store failed; the driver error is __cause__
     │   ├── BackendUnavailable                  cannot reach or open the store
     │   └── MissingDriver                       the backend's optional extra is not installed
+    ├── Cancelled                               the worker stopped the job (shutdown past grace)
     └── WorkerError                             the worker cannot run as configured
 
 Fault injection raises these same classes, so code that handles real faults handles injected ones.
@@ -28,6 +29,7 @@ __all__ = [
     "AgentLeaseError",
     "BackendError",
     "BackendUnavailable",
+    "Cancelled",
     "InvalidDuration",
     "InvalidInput",
     "InvalidName",
@@ -146,6 +148,14 @@ class MissingDriver(BackendError):
         )
         self.scheme = scheme
         self.extra = extra
+
+
+class Cancelled(AgentLeaseError):
+    """The worker cancelled this job: shutdown went past its grace period."""
+
+    def __init__(self, task_id: str) -> None:
+        super().__init__(f"job for task {task_id!r} was cancelled by the worker's shutdown")
+        self.task_id = task_id
 
 
 class WorkerError(AgentLeaseError):

@@ -201,7 +201,9 @@ class Queue:
             self._rejected(lease, "complete", exc)
             raise
 
-    def fail(self, lease: Lease, error: BaseException | str, *, retry_in: float | None) -> Task:
+    def fail(
+        self, lease: Lease, error: BaseException | str, *, retry_in: float | None
+    ) -> Task:
         """Record that the handler raised: retry after ``retry_in`` seconds, or dead-letter
         (``retry_in=None``). Fenced by the lease.
 

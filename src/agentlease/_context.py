@@ -1,0 +1,115 @@
+"""What a handler receives: the job, its lease's fencing number, a cancel token, progress.
+
+Sync handlers get a :class:`JobContext` and run on a worker thread; async handlers get an
+:class:`AsyncJobContext` and run on the event loop. Both carry the same read-only facts.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from agentlease._codec import JSON
+from agentlease._heartbeat import Held
+from agentlease._records import Job, Lease
+from agentlease.errors import Cancelled, LeaseLost
+
+if TYPE_CHECKING:
+    from agentlease._async.queue import AsyncQueue
+    from agentlease._sync.queue import Queue
+
+__all__ = ["AsyncJobContext", "JobContext"]
+
+
+@dataclass(slots=True)
+class _Base:
+    job: Job
+    held: Held
+    shutdown: threading.Event
+
+    @property
+    def task_id(self) -> str:
+        """The task's id."""
+        return self.job.lease.task_id
+
+    @property
+    def attempt(self) -> int:
+        """This lease's fencing number: pass it to external systems so they can refuse writes
+        from an older attempt."""
+        return self.job.lease.attempt
+
+    @property
+    def payload(self) -> JSON:
+        """The task's payload."""
+        return self.job.payload
+
+    @property
+    def checkpoint(self) -> JSON:
+        """The checkpoint saved by an earlier attempt, or ``None``: resume from it."""
+        return self.job.checkpoint
+
+    @property
+    def lease(self) -> Lease:
+        """The lease as last renewed."""
+        return self.held.lease
+
+    @property
+    def lost(self) -> bool:
+        """Whether the lease was lost; the worker will refuse this job's writes."""
+        return self.held.lost.is_set()
+
+    @property
+    def cancelled(self) -> bool:
+        """Whether the job should stop now (lease lost, or shutdown past its grace period)."""
+        return self.held.lost.is_set() or self.shutdown.is_set()
+
+    def check(self) -> None:
+        """Raise if the job should stop: call it between steps of long sync work.
+
+        Raises:
+            LeaseLost: the lease is gone; another worker may run this task now.
+            Cancelled: the worker is shutting down past its grace period.
+        """
+        if self.held.lost.is_set():
+            lease = self.job.lease
+            raise LeaseLost(
+                lease.task_id,
+                lease.attempt,
+                None,
+                None,
+                reason=self.held.lost_reason or "lease lost",
+            )
+        if self.shutdown.is_set():
+            raise Cancelled(self.task_id)
+
+    def wait(self, seconds: float) -> bool:
+        """Sleep up to ``seconds``, waking early if the job is cancelled; returns ``cancelled``."""
+        if self.held.lost.wait(0) or self.shutdown.wait(0):
+            return True
+        self.held.lost.wait(seconds)
+        return self.cancelled
+
+
+@dataclass(slots=True)
+class JobContext(_Base):
+    """The context of a sync handler."""
+
+    queue: Queue
+
+    def progress(self, value: JSON = None, *, checkpoint: JSON = None) -> None:
+        """Record progress and optionally a checkpoint, fenced by this job's lease."""
+        self.check()
+        self.queue.progress(self.held.lease, value, checkpoint=checkpoint)
+
+
+@dataclass(slots=True)
+class AsyncJobContext(_Base):
+    """The context of an async handler."""
+
+    queue: AsyncQueue
+
+    async def progress(self, value: JSON = None, *, checkpoint: JSON = None) -> None:
+        """Record progress and optionally a checkpoint, fenced by this job's lease."""
+        self.check()
+        await self.queue.progress(self.held.lease, value, checkpoint=checkpoint)
