@@ -214,6 +214,8 @@ class AsyncWorker:
                     job.attempt,
                     reclaims=job.reclaims,
                     failures=job.failures,
+                    leased_at=job.lease.leased_at,
+                    expires_at=job.lease.expires_at,
                 )
                 task = asyncio.create_task(
                     self._run_job(job, held, heartbeat, pool, handler_queue),
@@ -284,6 +286,8 @@ class AsyncWorker:
                     return  # the heartbeat said so; nothing more may be written
                 await self._give_back(job)  # shutdown past grace: the task runs again first
                 return
+            except LeaseLost:
+                return  # a fenced write inside the handler was refused: the lease is gone
             except Exception as exc:
                 if held.lost.is_set():
                     self._refuse(job, "fail")

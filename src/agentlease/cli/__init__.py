@@ -1,5 +1,16 @@
-"""The command line."""
+"""The command line: ``agentlease demo | worker | enqueue | stats | inspect | dead | bench``.
+
+Each command lives in its own module and registers itself on :data:`cli`.
+"""
+
+from __future__ import annotations
+
+from agentlease.cli import admin, bench, demo, work  # noqa: F401 - registers the commands
+from agentlease.cli._app import cli
+
+__all__ = ["cli", "main"]
 
 
 def main() -> None:
-    """Entry point."""
+    """Run the command line."""
+    cli()
