@@ -1,0 +1,80 @@
+"""The public API is exactly this: adding or removing a name is a deliberate change."""
+
+from __future__ import annotations
+
+import agentlease
+
+PUBLIC = {
+    "JSON",
+    "AgentLeaseError",
+    "AsyncBackend",
+    "AsyncJobContext",
+    "AsyncQueue",
+    "AsyncWorker",
+    "Backend",
+    "BackendError",
+    "BackendUnavailable",
+    "Cancelled",
+    "Enqueued",
+    "Event",
+    "InvalidDuration",
+    "InvalidInput",
+    "InvalidName",
+    "InvalidURL",
+    "Job",
+    "JobContext",
+    "Lease",
+    "LeaseInfo",
+    "LeaseLost",
+    "MemoryBackend",
+    "MissingDriver",
+    "NotFound",
+    "NotJSON",
+    "PayloadError",
+    "PayloadTooLarge",
+    "Queue",
+    "QueueSettings",
+    "QueueStats",
+    "Reaped",
+    "RetryPolicy",
+    "Task",
+    "TaskSpec",
+    "TaskState",
+    "UnknownQueue",
+    "UnknownTask",
+    "Worker",
+    "WorkerError",
+    "WorkerSettings",
+    "__version__",
+    "connect",
+    "connect_async",
+    "full_jitter",
+}
+
+
+def test_public_names_are_pinned() -> None:
+    assert set(agentlease.__all__) == PUBLIC
+    for name in PUBLIC:
+        assert hasattr(agentlease, name), name
+
+
+def test_sync_and_async_faces_have_the_same_method_names() -> None:
+    def methods(cls: type) -> set[str]:
+        return {n for n in vars(cls) if not n.startswith("_")}
+
+    assert methods(agentlease.Queue) == methods(agentlease.AsyncQueue)
+    assert methods(agentlease.Worker) - {"processed"} <= methods(agentlease.AsyncWorker)
+
+
+def test_every_error_descends_from_one_root() -> None:
+    import agentlease.errors as errors
+
+    for name in errors.__all__:
+        cls = getattr(errors, name)
+        assert issubclass(cls, agentlease.AgentLeaseError)
+        assert cls.__doc__, f"{name} needs a one-line docstring"
+
+
+def test_every_public_name_is_documented() -> None:
+    for name in PUBLIC - {"JSON", "TaskState", "__version__"}:
+        assert getattr(agentlease, name).__doc__, name
