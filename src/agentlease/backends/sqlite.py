@@ -15,8 +15,8 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
+from types import TracebackType
 from typing import Any
 
 import orjson
@@ -44,15 +44,57 @@ Q = queries("agentlease.backends.sql", "sqlite.sql")
 SCHEMA_VERSION = 1
 
 
-@contextmanager
-def _translated(path: str) -> Iterator[None]:
-    """The one place where sqlite3 errors become agentlease errors (original kept as cause)."""
-    try:
-        yield
-    except sqlite3.OperationalError as exc:
-        raise BackendUnavailable(f"SQLite database {path!r}: {exc}") from exc
-    except sqlite3.Error as exc:
-        raise BackendError(f"SQLite database {path!r}: {exc}") from exc
+def _translate(path: str, exc: sqlite3.Error) -> BackendError:
+    """The one place where sqlite3 errors become agentlease errors (keep the original as cause)."""
+    if isinstance(exc, sqlite3.OperationalError):
+        return BackendUnavailable(f"SQLite database {path!r}: {exc}")
+    return BackendError(f"SQLite database {path!r}: {exc}")
+
+
+class _Step:
+    """One primitive: the connection's lock, error translation and, for writes, one
+    ``BEGIN IMMEDIATE`` transaction committed on success and rolled back on any error.
+
+    A class rather than a generator-based context manager: it sits on every hot path.
+    """
+
+    __slots__ = ("_backend", "_write")
+
+    def __init__(self, backend: SQLiteBackend, write: bool) -> None:
+        self._backend = backend
+        self._write = write
+
+    def __enter__(self) -> sqlite3.Connection:
+        backend = self._backend
+        backend._lock.acquire()
+        if self._write:
+            try:
+                backend._db.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error as exc:
+                backend._lock.release()
+                raise _translate(backend.path, exc) from exc
+            except BaseException:
+                backend._lock.release()
+                raise
+        return backend._db
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        backend = self._backend
+        try:
+            if self._write:
+                backend._db.execute("COMMIT" if exc is None else "ROLLBACK")
+        except sqlite3.Error as error:
+            if exc is None:
+                raise _translate(backend.path, error) from error
+        finally:
+            backend._lock.release()
+        if isinstance(exc, sqlite3.Error):
+            raise _translate(backend.path, exc) from exc
 
 
 def _task(row: Sequence[Any]) -> Task:
@@ -102,7 +144,7 @@ class SQLiteBackend:
         self._timeout = timeout
         self._synchronous = synchronous
         self._lock = threading.Lock()
-        with _translated(path):
+        try:
             self._db = sqlite3.connect(
                 path,
                 timeout=timeout,
@@ -113,6 +155,8 @@ class SQLiteBackend:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute(f"PRAGMA synchronous={synchronous}")
             self._migrate()
+        except sqlite3.Error as exc:
+            raise _translate(path, exc) from exc
 
     def _migrate(self) -> None:
         db = self._db
@@ -132,22 +176,8 @@ class SQLiteBackend:
             db.execute("ROLLBACK")
             raise
 
-    @contextmanager
-    def _step(self, *, write: bool) -> Iterator[sqlite3.Connection]:
-        """One primitive: the connection lock, error translation and, for writes, one
-        ``BEGIN IMMEDIATE`` transaction committed on success and rolled back on any error."""
-        with self._lock, _translated(self.path):
-            db = self._db
-            if not write:
-                yield db
-                return
-            db.execute("BEGIN IMMEDIATE")
-            try:
-                yield db
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
-            db.execute("COMMIT")
+    def _step(self, *, write: bool) -> _Step:
+        return _Step(self, write)
 
     def _lost(self, db: sqlite3.Connection, lease: Lease, now: float) -> LeaseLost | UnknownTask:
         row = db.execute(Q["fence_state"], {"id": lease.task_id}).fetchone()
