@@ -105,6 +105,10 @@ class Heartbeat:
             return
         for h, lease in zip(held, renewed, strict=True):
             if lease is None:
+                old = h.lease
+                self._events.emit(
+                    "zombie_rejected", old.queue, old.task_id, old.attempt, write="extend"
+                )
                 self._lose(h, "extension rejected by the store")
             else:
                 h.lease = lease

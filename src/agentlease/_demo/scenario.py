@@ -153,15 +153,16 @@ def _start_workers(url: str, ledgers: Path, config: DemoConfig) -> list[subproce
     ]
 
 
-def _busy(ledgers: Path, pids: set[int], min_age: float) -> list[int]:
-    """Workers among ``pids`` that are mid-task: last claim at least ``min_age`` seconds old."""
+def _busy(ledgers: Path, pids: set[int]) -> list[int]:
+    """Workers among ``pids`` that just started a task (claimed 20 to 120 ms ago), so a signal
+    sent now lands mid-task: every task works for longer than that."""
     last: dict[int, tuple[float, str]] = {}
     now = time.time()
     for r in read_ledgers(ledgers):
         relevant = r["pid"] in pids and r["kind"] in ("claimed", "completed", "lease_lost")
         if relevant and (r["pid"] not in last or r["t"] >= last[r["pid"]][0]):
             last[r["pid"]] = (r["t"], r["kind"])
-    return [pid for pid, (t, kind) in last.items() if kind == "claimed" and now - t >= min_age]
+    return [pid for pid, (t, kind) in last.items() if kind == "claimed" and 0.02 <= now - t <= 0.12]
 
 
 def _run(
@@ -177,36 +178,39 @@ def _run(
     deadline = time.monotonic() + config.timeout
     healthy = {p.pid for p in procs}
     by_pid = {p.pid: p for p in procs}
-    resume_at = 0.0
-    pending_chaos = config.kill + config.freeze > 0
+    resume_at: dict[int, float] = {}
+    to_kill, to_freeze = config.kill, config.freeze
     while time.monotonic() < deadline:
         stats = queue.stats(QUEUE)
         done = stats.counts.get("done", 0) + stats.counts.get("dead", 0)
-        if pending_chaos:
-            candidates = list(_busy(ledgers, healthy, 0.05))
-            if len(candidates) >= config.kill + config.freeze:
-                rand.shuffle(candidates)
-                for pid in candidates[: config.kill]:
+        if done >= len(ids):
+            to_kill = to_freeze = 0  # too few tasks left to land every fault mid-task
+        if to_kill or to_freeze:
+            victims = _busy(ledgers, healthy)
+            rand.shuffle(victims)
+            for pid in victims:
+                healthy.discard(pid)
+                if to_kill:
+                    to_kill -= 1
                     by_pid[pid].send_signal(signal.SIGKILL)
                     faults.killed[pid] = time.time()
-                    healthy.discard(pid)
-                for pid in candidates[config.kill : config.kill + config.freeze]:
+                    say(done, config.tasks, f"SIGKILL worker {pid} mid-task")
+                elif to_freeze:
+                    to_freeze -= 1
                     by_pid[pid].send_signal(signal.SIGSTOP)
                     faults.frozen[pid] = (time.time(), 0.0)
-                    healthy.discard(pid)
-                resume_at = time.monotonic() + config.lease_for * 2
-                pending_chaos = False
-                say(done, config.tasks, f"SIGKILL {config.kill} workers, SIGSTOP {config.freeze}")
-        if resume_at and time.monotonic() >= resume_at:
-            for pid, (stopped, _) in faults.frozen.items():
-                faults.frozen[pid] = (stopped, time.time())
+                    resume_at[pid] = time.monotonic() + config.lease_for * 2
+                    say(done, config.tasks, f"SIGSTOP worker {pid} mid-task")
+        for pid, at in list(resume_at.items()):
+            if time.monotonic() >= at:
+                faults.frozen[pid] = (faults.frozen[pid][0], time.time())
                 by_pid[pid].send_signal(signal.SIGCONT)
-            resume_at = 0.0
-            say(done, config.tasks, f"SIGCONT {len(faults.frozen)} frozen workers (now zombies)")
+                del resume_at[pid]
+                say(done, config.tasks, f"SIGCONT worker {pid}, past its lease: now a zombie")
         say(done, config.tasks, "")
-        if done >= len(ids) and not pending_chaos and not resume_at:
+        if done >= len(ids) and not (to_kill or to_freeze or resume_at):
             break
-        time.sleep(0.1)
+        time.sleep(0.02 if to_kill or to_freeze else 0.1)
     _await_zombies(ledgers, faults, deadline)
     return faults
 
