@@ -1,0 +1,1 @@
+"""Integration tests: the command line and the bench against real stores."""

@@ -310,10 +310,10 @@ class SQLiteBackend:
             rows = db.execute(
                 Q["extend"], {"leases": payload, "now": now, "lease_for": lease_for}
             ).fetchall()
-        renewed = dict(rows)
+        renewed = {(task_id, token): expires for task_id, token, expires in rows}
         out: list[Lease | None] = []
         for lease in leases:
-            expires = renewed.get(lease.task_id)
+            expires = renewed.get((lease.task_id, lease.token))
             out.append(
                 None
                 if expires is None

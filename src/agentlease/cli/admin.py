@@ -1,1 +1,352 @@
-"""(placeholder)"""
+"""Administration commands: ``enqueue``, ``stats``, ``inspect`` and ``dead``.
+
+Also home to what every command shares: :func:`reports_errors`, which turns any
+:class:`~agentlease.AgentLeaseError` into one red line on stderr and exit status 2, and
+:func:`open_queue`, which opens a queue client on a ``--backend`` URL.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict
+from typing import IO, NoReturn, ParamSpec, TypeVar
+from urllib.parse import urlsplit
+
+import click
+import orjson
+from rich import box
+from rich.progress import Progress
+from rich.table import Table
+from rich.text import Text
+
+from agentlease._codec import JSON, encode
+from agentlease._records import STATES, QueueStats, Task, TaskSpec
+from agentlease._sync.queue import Queue
+from agentlease.backends import connect
+from agentlease.cli._app import backend_option, cli, console, err_console
+from agentlease.errors import AgentLeaseError, BackendUnavailable, InvalidInput, NotJSON
+
+__all__ = ["fail", "open_queue", "print_json", "reports_errors"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+ERROR_STATUS = 2
+CHUNK = 500  # tasks per enqueue step: short write locks, and a progress bar on big files
+ERROR_WIDTH = 160  # characters of an error shown in the dead-letter table
+
+
+def fail(message: str, *, status: int = ERROR_STATUS) -> NoReturn:
+    """Print ``message`` as one red line on stderr and exit with ``status``."""
+    line = " ".join(message.split())  # one line, whatever the message holds
+    err_console.print(Text(f"error: {line}", style="red"), soft_wrap=True)
+    raise click.exceptions.Exit(status)
+
+
+def reports_errors(command: Callable[P, R]) -> Callable[P, R]:
+    """Wrap a command so that every agentlease error exits with status 2 and one red line."""
+
+    @functools.wraps(command)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return command(*args, **kwargs)
+        except AgentLeaseError as exc:
+            fail(str(exc) or type(exc).__name__)
+
+    return wrapper
+
+
+def open_queue(url: str, *, must_exist: bool = False) -> Queue:
+    """A queue client on the store named by ``url``.
+
+    Args:
+        url: the ``--backend`` URL.
+        must_exist: refuse a SQLite file that does not exist yet, so that a mistyped path in a
+            read-only command is an error rather than a new empty database.
+
+    Raises:
+        InvalidURL: the URL is malformed.
+        BackendUnavailable: the store cannot be opened (or, with ``must_exist``, is missing).
+    """
+    if must_exist:
+        missing = _missing_sqlite_file(url)
+        if missing is not None:
+            raise BackendUnavailable(f"no SQLite database at {missing!r} (from {url!r})")
+    return Queue(connect(url))
+
+
+def _missing_sqlite_file(url: str) -> str | None:
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return None  # connect() explains what is wrong with it
+    file = parts.path[1:]
+    if parts.scheme.lower() != "sqlite" or parts.netloc or not parts.path.startswith("/"):
+        return None
+    if file in ("", ":memory:") or file.endswith("/") or os.path.exists(file):
+        return None
+    return file
+
+
+def print_json(value: object) -> None:
+    """Print ``value`` as indented JSON on stdout, exactly (no markup, no wrapping)."""
+    click.echo(orjson.dumps(value, option=orjson.OPT_INDENT_2).decode())
+
+
+@contextmanager
+def _closing(queue: Queue) -> Iterator[Queue]:
+    try:
+        yield queue
+    finally:
+        queue.close()
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}s"
+
+
+# -- enqueue ------------------------------------------------------------------------------------
+
+
+def _parse(text: str, where: str) -> JSON:
+    try:
+        value: JSON = orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        hint = " (a string needs JSON quotes: '\"text\"')" if text[:1].isalpha() else ""
+        raise NotJSON(f"{where} is not valid JSON{hint}: {exc}") from exc
+    return value
+
+
+def _payloads(arguments: Sequence[str], file: IO[str] | None) -> list[JSON]:
+    payloads = [_parse(a, f"PAYLOAD_JSON #{i} {a[:60]!r}") for i, a in enumerate(arguments, 1)]
+    if file is not None:
+        for number, line in enumerate(file, 1):
+            if line.strip():
+                payloads.append(_parse(line, f"{file.name} line {number}"))
+    return payloads
+
+
+@cli.command()
+@click.argument("queue")
+@click.argument("payload_json", nargs=-1)
+@click.option(
+    "--file",
+    "-f",
+    "file",
+    type=click.File("r", encoding="utf-8"),
+    help="A JSON Lines file: one payload per line ('-' reads stdin).",
+)
+@click.option("--priority", type=int, default=0, show_default=True, help="Higher runs first.")
+@click.option("--delay", type=float, default=0.0, help="Seconds before the tasks may run.")
+@click.option("--id", "task_id", help="The task's id (one task only); an existing id is kept.")
+@click.option("--dedup-key", help="A key unique within the queue (one task only).")
+@backend_option
+@reports_errors
+def enqueue(
+    queue: str,
+    payload_json: tuple[str, ...],
+    file: IO[str] | None,
+    priority: int,
+    delay: float,
+    task_id: str | None,
+    dedup_key: str | None,
+    url: str,
+) -> None:
+    """Add tasks to QUEUE: one per PAYLOAD_JSON argument and per line of --file.
+
+    Every payload is checked before anything is written: one that is not JSON, or too large,
+    refuses the whole command. Write 'null' for a task without payload.
+    """
+    payloads = _payloads(payload_json, file)
+    if not payloads:
+        raise InvalidInput("nothing to enqueue: give PAYLOAD_JSON arguments or --file")
+    if len(payloads) > 1 and (task_id is not None or dedup_key is not None):
+        raise InvalidInput(f"--id and --dedup-key name one task, but {len(payloads)} were given")
+    with _closing(open_queue(url)) as q:
+        limit = q.settings.max_payload_bytes
+        for number, payload in enumerate(payloads, 1):  # refuse before any chunk is written
+            encode(payload, what=f"payload #{number}", limit=limit)
+        specs = [
+            TaskSpec(payload=p, id=task_id, priority=priority, delay=delay, dedup_key=dedup_key)
+            for p in payloads
+        ]
+        if len(specs) == 1:
+            (result,) = q.enqueue_many(queue, specs)
+            if result.created:
+                console.print(f"enqueued task [bold]{result.task_id}[/] to [bold]{queue}[/]")
+            else:
+                console.print(f"task [bold]{result.task_id}[/] already exists: nothing created")
+            return
+        created = 0
+        with Progress(console=err_console, transient=True) as progress:
+            bar = progress.add_task(f"enqueue to {queue}", total=len(specs))
+            for start in range(0, len(specs), CHUNK):
+                chunk = specs[start : start + CHUNK]
+                created += sum(r.created for r in q.enqueue_many(queue, chunk))
+                progress.advance(bar, len(chunk))
+    existed = len(specs) - created
+    note = f" ({existed} already existed)" if existed else ""
+    console.print(f"enqueued {created} tasks to [bold]{queue}[/]{note}")
+
+
+# -- stats --------------------------------------------------------------------------------------
+
+
+def _stats_json(s: QueueStats) -> dict[str, JSON]:
+    return {
+        "queue": s.queue,
+        "counts": {state: s.counts.get(state, 0) for state in STATES},
+        "depth": s.depth,
+        "oldest_queued_age": s.oldest_queued_age,
+    }
+
+
+@cli.command()
+@click.argument("queues", nargs=-1)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@backend_option
+@reports_errors
+def stats(queues: tuple[str, ...], as_json: bool, url: str) -> None:
+    """Counts by state, depth and oldest queued age of QUEUES (default: every queue)."""
+    with _closing(open_queue(url, must_exist=True)) as q:
+        names = list(queues) or q.queues()
+        rows = [q.stats(name) for name in names]
+    if as_json:
+        print_json([_stats_json(s) for s in rows])
+        return
+    if not rows:
+        console.print("no queues yet")
+        return
+    table = Table(title="queues", box=box.SIMPLE_HEAD)
+    table.add_column("queue", style="bold", overflow="fold")
+    for state in STATES:
+        table.add_column(state, justify="right", no_wrap=True)
+    table.add_column("depth", justify="right", style="cyan", no_wrap=True)
+    table.add_column("oldest", justify="right", no_wrap=True)
+    for s in rows:
+        counts = [str(s.counts.get(state, 0)) for state in STATES]
+        table.add_row(s.queue, *counts, str(s.depth), _seconds(s.oldest_queued_age))
+    console.print(table)
+
+
+# -- inspect ------------------------------------------------------------------------------------
+
+
+@cli.command()
+@click.argument("queue")
+@click.option("--limit", type=int, default=100, show_default=True, help="Most leases shown.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@backend_option
+@reports_errors
+def inspect(queue: str, limit: int, as_json: bool, url: str) -> None:
+    """Live leases of QUEUE, soonest expiry first."""
+    with _closing(open_queue(url, must_exist=True)) as q:
+        leases = q.inspect(queue, limit=limit)
+    if as_json:
+        print_json([asdict(info) for info in leases])
+        return
+    if not leases:
+        console.print(f"no live leases in [bold]{queue}[/]")
+        return
+    table = Table(title=f"live leases of {queue}", box=box.SIMPLE_HEAD)
+    table.add_column("task id", style="bold", overflow="fold")
+    for name in ("attempt", "held", "expires in", "reclaims", "failures"):
+        table.add_column(name, justify="right", no_wrap=True)
+    for info in leases:
+        table.add_row(
+            info.task_id,
+            str(info.attempt),
+            _seconds(info.leased_for),
+            _seconds(info.expires_in),
+            str(info.reclaims),
+            str(info.failures),
+        )
+    console.print(table)
+
+
+# -- dead letters -------------------------------------------------------------------------------
+
+
+def _describe(error: JSON) -> str:
+    if isinstance(error, dict) and "type" in error and "message" in error:
+        return f"{error['type']}: {error['message']}"
+    return orjson.dumps(error).decode()
+
+
+def _dead_json(task: Task, now: float) -> dict[str, JSON]:
+    return {
+        "id": task.id,
+        "attempt": task.attempt,
+        "failures": task.failures,
+        "reclaims": task.reclaims,
+        "finished_at": task.finished_at,
+        "dead_for": None if task.finished_at is None else now - task.finished_at,
+        "error": task.error,
+        "payload": task.payload,
+    }
+
+
+@cli.command()
+@click.argument("queue")
+@click.argument("task_ids", nargs=-1)
+@click.option("--limit", type=int, default=100, show_default=True, help="Most tasks listed.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@click.option("--requeue", is_flag=True, help="Requeue TASK_IDS (or --all) with fresh budgets.")
+@click.option("--all", "requeue_all", is_flag=True, help="With --requeue: every dead task.")
+@click.option("--front", is_flag=True, help="With --requeue: to the front of their priority.")
+@backend_option
+@reports_errors
+def dead(
+    queue: str,
+    task_ids: tuple[str, ...],
+    limit: int,
+    as_json: bool,
+    requeue: bool,
+    requeue_all: bool,
+    front: bool,
+    url: str,
+) -> None:
+    """List the dead letters of QUEUE with their errors, or requeue them with --requeue."""
+    if not requeue and (task_ids or requeue_all or front):
+        raise InvalidInput("TASK_IDS, --all and --front go with --requeue")
+    if requeue and not (task_ids or requeue_all):
+        raise InvalidInput("name the TASK_IDS to requeue, or give --all")
+    if task_ids and requeue_all:
+        raise InvalidInput("give TASK_IDS or --all, not both")
+    with _closing(open_queue(url, must_exist=True)) as q:
+        if requeue:
+            wanted = None if requeue_all else list(dict.fromkeys(task_ids))
+            count = q.requeue_dead(queue, wanted, front=front)
+            where = "front" if front else "back"
+            console.print(f"requeued {count} dead tasks of [bold]{queue}[/] to the {where}")
+            if wanted is not None and count < len(wanted):
+                missing = len(wanted) - count
+                err_console.print(
+                    Text(f"{missing} of the named tasks are not dead letters of {queue}", "yellow")
+                )
+                raise click.exceptions.Exit(1)
+            return
+        tasks = q.dead(queue, limit=limit)
+    now = time.time()
+    if as_json:
+        print_json([_dead_json(t, now) for t in tasks])
+        return
+    if not tasks:
+        console.print(f"no dead letters in [bold]{queue}[/]")
+        return
+    table = Table(title=f"dead letters of {queue}", box=box.SIMPLE_HEAD)
+    table.add_column("task id", style="bold", overflow="fold")
+    for name in ("failures", "reclaims", "dead for"):
+        table.add_column(name, justify="right", no_wrap=True)
+    table.add_column("error", style="red", ratio=1, min_width=24)
+    for t in tasks:
+        age = None if t.finished_at is None else now - t.finished_at
+        error = _describe(t.error)
+        if len(error) > ERROR_WIDTH:
+            error = error[: ERROR_WIDTH - 1] + "…"
+        table.add_row(t.id, str(t.failures), str(t.reclaims), _seconds(age), Text(error))
+    console.print(table)

@@ -1,1 +1,350 @@
-"""(placeholder)"""
+"""The ``bench`` command: claim and complete throughput through the library, each row beside a
+raw baseline measured in the same run on the same kind of store with the same driver.
+
+Each row drains ``--tasks`` freshly enqueued tasks in three rounds that alternate with its
+baseline's, and reports each side's best round; only the claim/complete loops are timed. Rows:
+
+* claim+complete, batching off: ``claim(n=1)`` then ``complete``, one task at a time;
+* claim+complete, batch B: ``claim(n=B)`` then ``complete`` each;
+* claim+complete, K workers: K processes (threads for memory://) each running the batching-off
+  loop on one queue, started together; throughput is all tasks over the wall time;
+* claim only, one by one and batch B: the claim rate alone, to compare batch with one-by-one.
+
+The baseline of a SQLite row issues the backend's own statements from ``sql/sqlite.sql`` straight
+through :mod:`sqlite3` on a fresh database with the same schema and PRAGMAs, in the same loop
+shape; the baseline of a memory row calls the :class:`~agentlease.MemoryBackend` primitives
+without the client. See :mod:`agentlease.cli._bench_loops`.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+from urllib.parse import parse_qsl, urlsplit
+
+import click
+from rich import box
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from agentlease._codec import JSON
+from agentlease.backends import connect
+from agentlease.backends.memory import MemoryBackend
+from agentlease.cli._app import cli, console, err_console
+from agentlease.cli._bench_loops import (
+    Driver,
+    Library,
+    Mode,
+    RawMemory,
+    RawSQLite,
+    Target,
+    drain_together,
+)
+from agentlease.cli.admin import print_json, reports_errors
+from agentlease.errors import InvalidURL
+
+__all__ = ["Case", "Row", "run_bench"]
+
+DEFAULT_TASKS = 30_000
+ROUNDS = 3
+Side = Literal["library", "raw"]
+
+
+@dataclass(frozen=True, slots=True)
+class Case:
+    """One row to measure."""
+
+    name: str
+    mode: Mode
+    batch: int = 1
+    workers: int = 1
+    together: bool = False  # several workers (processes, or threads for memory) at once
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One measured row: the best round of the library beside the best round of the baseline.
+
+    Attributes:
+        case: what was measured.
+        backend: the store kind (``sqlite``, ``memory``).
+        tasks: tasks each side drained, over all rounds.
+        seconds: the library's timed seconds per round.
+        baseline_seconds: the baseline's timed seconds per round.
+        sizes: tasks drained in each round (the library's and the baseline's rounds alternate).
+    """
+
+    case: Case
+    backend: str
+    tasks: int
+    sizes: tuple[int, ...]
+    seconds: tuple[float, ...]
+    baseline_seconds: tuple[float, ...]
+
+    @property
+    def ops_per_s(self) -> float:
+        """Tasks per second through the library, in its best round."""
+        return max(n / s for n, s in zip(self.sizes, self.seconds, strict=True))
+
+    @property
+    def baseline_ops_per_s(self) -> float:
+        """Tasks per second of the raw baseline, in its best round."""
+        return max(n / s for n, s in zip(self.sizes, self.baseline_seconds, strict=True))
+
+    def as_json(self) -> dict[str, JSON]:
+        """The row as ``--json`` prints it."""
+        ops, base = round(self.ops_per_s, 1), round(self.baseline_ops_per_s, 1)
+        return {
+            "name": self.case.name,
+            "backend": self.backend,
+            "mode": self.case.mode,
+            "tasks": self.tasks,
+            "rounds": len(self.sizes),
+            "batch": self.case.batch,
+            "workers": self.case.workers,
+            "ops_per_s": ops,
+            "baseline_ops_per_s": base,
+            "ratio": round(ops / base, 3),
+        }
+
+
+class Stores:
+    """The library's store (the ``--backend`` URL) and the raw baseline's fresh store of the same
+    kind, plus how worker processes open each of them."""
+
+    def __init__(self, url: str, scratch: Path) -> None:
+        self.kind = urlsplit(url).scheme.lower()
+        self.targets: tuple[Target, Target] | None = None
+        self.library = Library(connect(url))  # validates the URL
+        try:
+            self.raw = self._raw(url, scratch)
+        except BaseException:
+            self.library.close()
+            raise
+
+    def _raw(self, url: str, scratch: Path) -> Driver:
+        if self.kind == "memory":
+            return RawMemory(MemoryBackend())
+        if self.kind == "sqlite":
+            query = dict(parse_qsl(urlsplit(url).query))
+            synchronous = query.get("synchronous", "NORMAL").upper()
+            raw_path = str(scratch / "raw.db")
+            self.targets = (Target("library", url), Target("raw", raw_path, synchronous))
+            return RawSQLite(raw_path, synchronous)
+        raise InvalidURL(f"bench runs on sqlite:// and memory:// stores, not {url!r}")
+
+    def driver(self, side: Side) -> Driver:
+        """The in-process driver of one side."""
+        return self.library if side == "library" else self.raw
+
+    def close(self) -> None:
+        """Close both stores."""
+        self.library.close()
+        self.raw.close()
+
+
+def cases(processes: int, batch: int, kind: str) -> list[Case]:
+    """The rows of one run, in order."""
+    singular, plural = ("process", "processes") if kind == "sqlite" else ("thread", "threads")
+    unit = singular if processes == 1 else plural
+    return [
+        Case("claim+complete, batching off", "claim_complete"),
+        Case(f"claim+complete, batch {batch}", "claim_complete", batch=batch),
+        Case(
+            f"claim+complete, {processes} {unit}",
+            "claim_complete",
+            workers=processes,
+            together=True,
+        ),
+        Case("claim only, one by one", "claim_only"),
+        Case(f"claim only, batch {batch}", "claim_only", batch=batch),
+    ]
+
+
+def _measure(stores: Stores, side: Side, case: Case, queue: str, tasks: int) -> float:
+    """Fill ``queue`` on one side (untimed), then time draining it; returns seconds."""
+    driver = stores.driver(side)
+    driver.fill(queue, tasks)
+    gc.collect()
+    if not case.together:
+        start = time.perf_counter()
+        claimed = driver.drain(queue, case.batch, case.mode)
+        seconds = time.perf_counter() - start
+    elif stores.targets is None:
+        claimed, seconds = drain_together(case.workers, queue, shared=driver)
+    else:
+        target = stores.targets[0 if side == "library" else 1]
+        claimed, seconds = drain_together(case.workers, queue, target=target)
+    if claimed != tasks:
+        raise click.ClickException(f"{case.name} ({side}) claimed {claimed} of {tasks} tasks")
+    return max(seconds, 1e-9)
+
+
+def split(tasks: int, rounds: int) -> tuple[int, ...]:
+    """``tasks`` split into at most ``rounds`` near-equal, non-empty rounds."""
+    rounds = max(1, min(rounds, tasks))
+    return tuple(tasks // rounds + (1 if i < tasks % rounds else 0) for i in range(rounds))
+
+
+def run_bench(
+    stores: Stores,
+    plan: list[Case],
+    tasks: int,
+    *,
+    rounds: int = ROUNDS,
+    progress: Progress | None = None,
+) -> list[Row]:
+    """Measure every case on both sides in alternating rounds (library, raw, raw, library, ...),
+    so a slow drift of the machine favours neither; each side's best round counts, as the one
+    least disturbed by other processes."""
+    run = uuid.uuid4().hex[:8]
+    sizes = split(tasks, rounds)
+    bar = None if progress is None else progress.add_task("bench", total=2 * len(plan) * len(sizes))
+    rows = []
+    for number, case in enumerate(plan):
+        seconds: dict[Side, list[float]] = {"library": [], "raw": []}
+        for index, size in enumerate(sizes):
+            sides: tuple[Side, Side] = ("library", "raw") if index % 2 == 0 else ("raw", "library")
+            for side in sides:
+                if progress is not None and bar is not None:
+                    progress.update(bar, description=f"{case.name} ({side})")
+                    progress.refresh()
+                queue = f"bench-{run}-{number}-{index}"
+                seconds[side].append(_measure(stores, side, case, queue, size))
+                if progress is not None and bar is not None:
+                    progress.advance(bar)
+                    progress.refresh()
+        rows.append(
+            Row(
+                case,
+                stores.kind,
+                tasks,
+                sizes,
+                tuple(seconds["library"]),
+                tuple(seconds["raw"]),
+            )
+        )
+    return rows
+
+
+def speedups(rows: list[Row]) -> tuple[float, float] | None:
+    """Batch claim rate over one-by-one claim rate: (library, raw baseline)."""
+    claims = [r for r in rows if r.case.mode == "claim_only"]
+    one = next((r for r in claims if r.case.batch == 1), None)
+    many = next((r for r in claims if r.case.batch > 1), None)
+    if one is None or many is None:
+        return None
+    return (
+        many.ops_per_s / one.ops_per_s,
+        many.baseline_ops_per_s / one.baseline_ops_per_s,
+    )
+
+
+def _table(rows: list[Row], url: str) -> Table:
+    table = Table(title=f"agentlease bench on {url}", box=box.SIMPLE_HEAD)
+    table.add_column("row", style="bold", no_wrap=True)
+    table.add_column("tasks", justify="right")
+    table.add_column("library ops/s", justify="right", style="cyan")
+    table.add_column("raw ops/s", justify="right")
+    table.add_column("ratio", justify="right")
+    for r in rows:
+        ratio = r.ops_per_s / r.baseline_ops_per_s
+        style = "green" if ratio >= 0.8 else "yellow"
+        table.add_row(
+            r.case.name,
+            str(r.tasks),
+            f"{r.ops_per_s:,.0f}",
+            f"{r.baseline_ops_per_s:,.0f}",
+            f"[{style}]{ratio:.2f}[/]",
+        )
+    speedup = speedups(rows)
+    if speedup is not None:
+        # The 5x target is for stores with a round trip to save; memory has none.
+        target = ""
+        if rows[0].backend == "sqlite":
+            target = "; target 5x: " + ("[green]met[/]" if speedup[0] >= 5 else "[yellow]missed[/]")
+        table.caption = (
+            f"batch claim is {speedup[0]:.1f}x the one-by-one claim rate "
+            f"(raw: {speedup[1]:.1f}x{target})"
+        )
+    return table
+
+
+@contextmanager
+def _scratch(url: str | None) -> Iterator[tuple[str, Path]]:
+    """The URL to measure and a scratch directory on the same filesystem, removed afterwards."""
+    parent = None
+    if url is not None and urlsplit(url).scheme.lower() == "sqlite":
+        parent = os.path.dirname(os.path.abspath(urlsplit(url).path[1:])) or None
+    with tempfile.TemporaryDirectory(prefix="agentlease-bench-", dir=parent) as scratch:
+        yield url or f"sqlite:///{scratch}/bench.db", Path(scratch)
+
+
+@cli.command()
+@click.option(
+    "--backend",
+    "url",
+    default=None,
+    help="Store URL to measure (default: a fresh SQLite file in a temporary directory).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON list of rows, nothing else.")
+@click.option(
+    "--tasks",
+    type=click.IntRange(min=1),
+    default=DEFAULT_TASKS,
+    show_default=True,
+    help="Tasks each row drains, split over 3 rounds (and as many for its baseline).",
+)
+@click.option(
+    "--processes",
+    type=click.IntRange(1, 64),
+    default=4,
+    show_default=True,
+    help="Workers of the multi-worker row.",
+)
+@click.option(
+    "--batch", type=click.IntRange(2, 10_000), default=50, show_default=True, help="Claim size."
+)
+@reports_errors
+def bench(url: str | None, as_json: bool, tasks: int, processes: int, batch: int) -> None:
+    """Measure claim+complete throughput through the library beside a raw baseline.
+
+    Each row's baseline runs the same store kind and driver with no library: for SQLite the
+    backend's own statements through sqlite3 on a fresh database, for memory the backend's
+    primitives without the client. On a --backend you give, tasks are left in bench-* queues.
+    """
+    with _scratch(url) as (target, scratch):
+        stores = Stores(target, scratch)
+        try:
+            plan = cases(processes, batch, stores.kind)
+            if not as_json:
+                err_console.print(
+                    f"bench: {len(plan)} rows x {tasks} tasks in {ROUNDS} rounds, each beside "
+                    f"its raw baseline, on {target}",
+                    soft_wrap=True,
+                )
+            columns = (
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+            )
+            # Redrawn only between measurements: no refresh thread competes with a timed loop.
+            with Progress(
+                *columns, console=err_console, transient=True, auto_refresh=False
+            ) as progress:
+                rows = run_bench(stores, plan, tasks, progress=progress)
+        finally:
+            stores.close()
+    if as_json:
+        print_json([r.as_json() for r in rows])
+        return
+    console.print(_table(rows, target))

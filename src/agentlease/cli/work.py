@@ -1,1 +1,145 @@
-"""(placeholder)"""
+"""The ``worker`` command: run a handler, given as ``MODULE:FUNCTION``, on one queue."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import click
+from rich.logging import RichHandler
+
+from agentlease._policy.retry import RetryPolicy
+from agentlease._settings import QueueSettings
+from agentlease._sync.queue import Queue
+from agentlease._worker import Handler, Worker, WorkerSettings
+from agentlease.backends import connect
+from agentlease.cli._app import backend_option, cli, err_console
+from agentlease.cli.admin import reports_errors
+from agentlease.errors import WorkerError
+
+__all__ = ["load_handler"]
+
+log = logging.getLogger("agentlease.cli")
+
+
+def load_handler(spec: str) -> Handler:
+    """Import the handler named ``module.sub:function`` (the current directory is importable).
+
+    The part after the colon may be dotted (``module:Class.method``).
+
+    Raises:
+        WorkerError: the spec is malformed, the module cannot be imported, or the name is
+            missing or not callable.
+    """
+    module_name, sep, attribute = spec.partition(":")
+    if not sep or not module_name or not attribute or ":" in attribute:
+        raise WorkerError(
+            f"handler must be MODULE:FUNCTION (e.g. myapp.tasks:handle), not {spec!r}"
+        )
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        target: object = importlib.import_module(module_name)
+    except Exception as exc:  # any failure while importing user code is the user's to see
+        raise WorkerError(
+            f"cannot import {module_name!r} for handler {spec!r}: {type(exc).__name__}: {exc}"
+        ) from exc
+    for part in attribute.split("."):
+        try:
+            target = getattr(target, part)
+        except AttributeError as exc:
+            raise WorkerError(f"{module_name!r} has no {attribute!r} (handler {spec!r})") from exc
+    if not callable(target):
+        raise WorkerError(f"handler {spec!r} is a {type(target).__name__}, not a function")
+    handler: Handler = target  # the worker tells sync from async
+    return handler
+
+
+@contextmanager
+def _logging(verbose: bool) -> Iterator[None]:
+    """Log through rich on stderr while the worker runs: agentlease's events (every claim and
+    completion too with ``verbose``) and whatever the handlers log at INFO and above."""
+    root = logging.getLogger()
+    ours = logging.getLogger("agentlease")
+    handler = RichHandler(console=err_console, show_path=False, rich_tracebacks=False)
+    saved = root.level, ours.level
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    ours.setLevel(logging.DEBUG if verbose else logging.INFO)
+    try:
+        yield
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(saved[0])
+        ours.setLevel(saved[1])
+
+
+@cli.command()
+@click.argument("handler_spec", metavar="MODULE:FUNCTION")
+@backend_option
+@click.option("--queue", "-q", "queue_name", required=True, help="The queue to work on.")
+@click.option("--concurrency", "-c", type=int, default=1, show_default=True, help="Jobs at once.")
+@click.option("--lease-for", type=float, default=30.0, show_default=True, help="Lease seconds.")
+@click.option(
+    "--max-failures",
+    type=int,
+    default=3,
+    show_default=True,
+    help="Failures after which a task is dead-lettered (1: never retried).",
+)
+@click.option("--burst", is_flag=True, help="Exit once the queue is empty and jobs are done.")
+@click.option(
+    "--poll-interval", type=float, default=0.5, show_default=True, help="Longest idle wait."
+)
+@click.option(
+    "--grace", type=float, default=30.0, show_default=True, help="Shutdown grace seconds."
+)
+@click.option("--verbose", "-v", is_flag=True, help="Also log every claim and completion.")
+@reports_errors
+def worker(
+    handler_spec: str,
+    url: str,
+    queue_name: str,
+    concurrency: int,
+    lease_for: float,
+    max_failures: int,
+    burst: bool,
+    poll_interval: float,
+    grace: float,
+    verbose: bool,
+) -> None:
+    """Run MODULE:FUNCTION on the tasks of --queue until SIGTERM or SIGINT (or, with --burst,
+    until the queue is empty).
+
+    The handler takes a JobContext (an AsyncJobContext if it is async) and returns the task's
+    JSON result. A first signal stops claiming and lets running jobs finish within --grace; a
+    second one cancels them at once. Either way unfinished tasks go back to the front.
+    """
+    handler = load_handler(handler_spec)
+    settings = WorkerSettings(
+        concurrency=concurrency,
+        retry=RetryPolicy(max_failures=max_failures),
+        poll_interval=poll_interval,
+        shutdown_grace=grace,
+    )
+    queue = Queue(connect(url), settings=QueueSettings(lease_for=lease_for))
+    try:
+        runner = Worker(queue, queue_name, handler, settings=settings)
+        with _logging(verbose):
+            log.info(
+                "worker on %s queue %r: handler %s, concurrency %d, lease %gs%s",
+                queue.backend.url,
+                queue_name,
+                handler_spec,
+                concurrency,
+                lease_for,
+                ", burst" if burst else "",
+            )
+            processed = runner.run(burst=burst)
+            log.info("worker stopped after %d jobs", processed)
+    finally:
+        queue.close()

@@ -104,7 +104,7 @@ SET expires_at = min(:now + :lease_for, lease_deadline,
                      coalesce(progressed_at + progress_timeout, 1e308))
 FROM (SELECT value ->> 0 AS lid, value ->> 1 AS ltoken FROM json_each(:leases))
 WHERE id = lid AND token = ltoken AND state = 'leased' AND expires_at > :now
-RETURNING id, expires_at;
+RETURNING id, token, expires_at;
 
 -- name: complete
 UPDATE agentlease_tasks

@@ -1,0 +1,431 @@
+"""The admin and worker commands against a SQLite database: right numbers, clean refusals."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+import agentlease as al
+from agentlease.cli import cli
+
+
+@pytest.fixture
+def run(sqlite_url: str):
+    """Invoke the CLI on the test's database; returns the click Result."""
+    runner = CliRunner()
+
+    def invoke(*args: str, url: str | None = sqlite_url, stdin: str | None = None) -> Result:
+        argv = list(args) + ([] if url is None else ["--backend", url])
+        return runner.invoke(cli, argv, input=stdin, catch_exceptions=False)
+
+    return invoke
+
+
+def ok(result: Result) -> Result:
+    assert result.exit_code == 0, (result.exit_code, result.stdout, result.stderr)
+    return result
+
+
+def refused(result: Result) -> str:
+    """Exit status 2 with one red line on stderr, no traceback; returns that line."""
+    assert result.exit_code == 2, (result.exit_code, result.stdout, result.stderr)
+    line = result.stderr.strip()
+    assert line.startswith("error: "), result.stderr
+    assert "\n" not in line
+    assert "Traceback" not in result.output
+    return line
+
+
+def stats(run, *queues: str) -> dict[str, dict]:
+    return {s["queue"]: s for s in json.loads(ok(run("stats", "--json", *queues)).stdout)}
+
+
+# -- enqueue and stats --------------------------------------------------------------------------
+
+
+def test_enqueue_then_stats_counts_every_state(run, sqlite_url: str, tmp_path: Path) -> None:
+    ok(run("enqueue", "jobs", '{"n": 1}', "[1, 2]", "null"))
+    lines = tmp_path / "more.jsonl"
+    lines.write_text('{"n": 2}\n\n"three"\n4\n')
+    assert "enqueued 3 tasks" in ok(run("enqueue", "jobs", "--file", str(lines))).stdout
+    ok(run("enqueue", "jobs", '"later"', "--delay", "60", "--priority", "5"))
+    ok(run("enqueue", "other", "--file", "-", stdin='{"x": 1}\n{"x": 2}\n'))
+    with al.Queue.connect(sqlite_url) as q:
+        (job,) = q.claim("jobs")
+        q.complete(job.lease, {"ok": True})
+        q.claim("jobs")
+
+    every = stats(run)
+    assert sorted(every) == ["jobs", "other"]
+    jobs = every["jobs"]
+    assert jobs["counts"] == {
+        "scheduled": 1,
+        "queued": 4,
+        "leased": 1,
+        "failed": 0,
+        "done": 1,
+        "dead": 0,
+    }
+    assert jobs["depth"] == 5
+    assert jobs["oldest_queued_age"] >= 0
+    assert every["other"]["counts"]["queued"] == 2
+    assert list(stats(run, "other")) == ["other"]
+
+    table = ok(run("stats")).stdout
+    assert "jobs" in table
+    assert "other" in table
+
+
+def test_enqueue_with_id_and_dedup_key_creates_once(run) -> None:
+    assert "enqueued task t-1" in ok(run("enqueue", "jobs", "1", "--id", "t-1")).stdout
+    assert "already exists" in ok(run("enqueue", "jobs", "2", "--id", "t-1")).stdout
+    ok(run("enqueue", "jobs", "3", "--dedup-key", "k"))
+    ok(run("enqueue", "jobs", "4", "--dedup-key", "k"))
+    assert stats(run, "jobs")["jobs"]["counts"]["queued"] == 2
+
+
+def test_stats_of_an_empty_store(run) -> None:
+    ok(run("enqueue", "jobs", "1"))  # creates the database
+    assert json.loads(ok(run("stats", "--json", url="memory://")).stdout) == []
+    assert "no queues" in ok(run("stats", url="memory://")).stdout
+
+
+# -- inspect ------------------------------------------------------------------------------------
+
+
+def test_inspect_shows_live_leases(run, sqlite_url: str) -> None:
+    for task_id in ("a", "b", "c"):
+        ok(run("enqueue", "jobs", "{}", "--id", task_id))
+    with al.Queue.connect(sqlite_url, settings=al.QueueSettings(lease_for=60)) as q:
+        (first,) = q.claim("jobs")
+        q.fail(first.lease, ValueError("flaky"), retry_in=0)
+        leased = q.claim("jobs", 2)
+    assert {j.task_id for j in leased} == {"a", "b"}
+
+    leases = json.loads(ok(run("inspect", "jobs", "--json")).stdout)
+    by_id = {lease["task_id"]: lease for lease in leases}
+    assert sorted(by_id) == ["a", "b"]
+    assert by_id["a"]["attempt"] == 2
+    assert by_id["a"]["failures"] == 1
+    assert by_id["b"]["attempt"] == 1
+    assert by_id["b"]["failures"] == 0
+    for lease in leases:
+        assert lease["reclaims"] == 0
+        assert 0 <= lease["leased_for"] < 30
+        assert 30 < lease["expires_in"] <= 60
+
+    assert len(json.loads(ok(run("inspect", "jobs", "--json", "--limit", "1")).stdout)) == 1
+    table = ok(run("inspect", "jobs")).stdout
+    assert "a" in table
+    assert "live leases of jobs" in table
+
+
+def test_inspect_without_leases(run) -> None:
+    ok(run("enqueue", "jobs", "1"))
+    assert "no live leases" in ok(run("inspect", "jobs")).stdout
+    assert json.loads(ok(run("inspect", "jobs", "--json")).stdout) == []
+
+
+# -- dead letters -------------------------------------------------------------------------------
+
+
+def _kill(sqlite_url: str, *task_ids: str) -> None:
+    with al.Queue.connect(sqlite_url) as q:
+        for task_id in task_ids:
+            q.enqueue("jobs", {"id": task_id}, id=task_id)
+        for job in q.claim("jobs", len(task_ids)):
+            q.fail(job.lease, RuntimeError(f"boom {job.task_id}"), retry_in=None)
+
+
+def test_dead_lists_errors_and_requeues(run, sqlite_url: str) -> None:
+    _kill(sqlite_url, "d1", "d2", "d3")
+    dead = json.loads(ok(run("dead", "jobs", "--json")).stdout)
+    assert sorted(t["id"] for t in dead) == ["d1", "d2", "d3"]
+    for task in dead:
+        assert task["error"] == {"type": "RuntimeError", "message": f"boom {task['id']}"}
+        assert task["failures"] == 1
+        assert task["payload"] == {"id": task["id"]}
+    assert "boom d2" in ok(run("dead", "jobs")).stdout
+
+    assert "requeued 1 dead tasks" in ok(run("dead", "jobs", "--requeue", "d1")).stdout
+    counts = stats(run, "jobs")["jobs"]["counts"]
+    assert (counts["queued"], counts["dead"]) == (1, 2)
+
+    assert "to the front" in ok(run("dead", "jobs", "--requeue", "--all", "--front")).stdout
+    counts = stats(run, "jobs")["jobs"]["counts"]
+    assert (counts["queued"], counts["dead"]) == (3, 0)
+    with al.Queue.connect(sqlite_url) as q:  # sent to the front: ahead of d1
+        assert q.claim("jobs")[0].task_id in ("d2", "d3")
+    assert "no dead letters" in ok(run("dead", "jobs")).stdout
+
+
+def test_requeue_of_a_task_that_is_not_dead_exits_1(run, sqlite_url: str) -> None:
+    _kill(sqlite_url, "d1")
+    ok(run("enqueue", "jobs", "1", "--id", "alive"))
+    result = run("dead", "jobs", "--requeue", "d1", "alive")
+    assert result.exit_code == 1
+    assert "requeued 1" in result.stdout
+    assert "1 of the named tasks are not dead letters" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["dead", "jobs", "--requeue"],
+        ["dead", "jobs", "d1"],
+        ["dead", "jobs", "--all"],
+        ["dead", "jobs", "--requeue", "--all", "d1"],
+        ["dead", "jobs", "--limit", "0"],
+    ],
+)
+def test_dead_refuses_contradictory_options(run, sqlite_url: str, args: list[str]) -> None:
+    _kill(sqlite_url, "d1")
+    refused(run(*args))
+    assert stats(run, "jobs")["jobs"]["counts"]["dead"] == 1
+
+
+# -- refusals: exit 2, one line, nothing written ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "url", "says"),
+    [
+        (["stats"], "sqlite://host/x.db", "no host"),
+        (["enqueue", "jobs", "1"], "redis://localhost", "unsupported backend URL"),
+        (["enqueue", "jobs", "1"], "sqlite:///", "names no file"),
+        (["inspect", "jobs"], "sqlite:///:memory:", "several processes"),
+        (["stats", "nope"], None, "no queue named 'nope'"),
+        (["inspect", "nope"], None, "no queue named 'nope'"),
+        (["dead", "nope"], None, "no queue named 'nope'"),
+        (["dead", "nope", "--requeue", "--all"], None, "no queue named 'nope'"),
+        (["enqueue", "jobs", '{"a":'], None, "not valid JSON"),
+        (["enqueue", "jobs", "1", "hello"], None, "a string needs JSON quotes"),
+        (["enqueue", "jobs", "NaN"], None, "not valid JSON"),
+        (["enqueue", "bad name!", "1"], None, "invalid queue name"),
+        (["enqueue", "jobs", "1", "--id", "no spaces"], None, "invalid task id"),
+        (["enqueue", "jobs", "1", "2", "--id", "x"], None, "one task"),
+        (["enqueue", "jobs"], None, "nothing to enqueue"),
+        (["enqueue", "jobs", "1", "--delay", "-1"], None, "delay"),
+        (["inspect", "bad name!"], None, "invalid queue name"),
+        (["inspect", "seeded", "--limit", "0"], None, "between 1"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line_and_writes_nothing(
+    run, sqlite_url: str, args: list[str], url: str | None, says: str
+) -> None:
+    ok(run("enqueue", "seeded", '{"keep": true}'))
+    line = refused(run(*args, url=url or sqlite_url))
+    assert says in line
+    after = stats(run)
+    assert list(after) == ["seeded"]
+    assert after["seeded"]["counts"]["queued"] == 1
+    assert sum(after["seeded"]["counts"].values()) == 1
+
+
+def test_invalid_line_in_a_file_writes_nothing(run, tmp_path: Path) -> None:
+    lines = tmp_path / "tasks.jsonl"
+    lines.write_text("\n".join(["1"] * 1200 + ["{oops}"] + ["2"] * 10))
+    ok(run("enqueue", "seeded", "1"))
+    line = refused(run("enqueue", "jobs", "--file", str(lines)))
+    assert "line 1201" in line
+    assert refused(run("stats", "jobs")) == "error: no queue named 'jobs'"
+
+
+def test_a_payload_too_large_in_a_later_chunk_writes_nothing(run, tmp_path: Path) -> None:
+    lines = tmp_path / "tasks.jsonl"
+    big = json.dumps("x" * 1_100_000)
+    lines.write_text("\n".join(["1"] * 1200 + [big]))
+    ok(run("enqueue", "seeded", "1"))
+    assert "payload #1201" in refused(run("enqueue", "jobs", "--file", str(lines)))
+    assert refused(run("stats", "jobs")) == "error: no queue named 'jobs'"
+
+
+def test_reading_a_missing_database_does_not_create_it(run, tmp_path: Path) -> None:
+    missing = tmp_path / "typo.db"
+    for command in (["stats"], ["inspect", "jobs"], ["dead", "jobs"]):
+        assert "no SQLite database" in refused(run(*command, url=f"sqlite:///{missing}"))
+    assert not missing.exists()
+
+
+# -- worker -------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def handlers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A module of handlers in a temp directory, which becomes the working directory."""
+    name = f"handlers_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{name}.py").write_text(
+        textwrap.dedent(
+            """
+            import logging
+            import time
+
+            def logged(ctx):
+                logging.getLogger("my.handler").info("handling n=%s", ctx.payload["n"])
+                return None
+
+            def double(ctx):
+                return {"double": ctx.payload["n"] * 2, "attempt": ctx.attempt}
+
+            async def adouble(ctx):
+                return {"double": ctx.payload["n"] * 2}
+
+            def boom(ctx):
+                raise ValueError(f"boom {ctx.payload['n']}")
+
+            def slow(ctx):
+                time.sleep(1.0)
+                return "slept"
+
+            class Tools:
+                @staticmethod
+                def triple(ctx):
+                    return ctx.payload["n"] * 3
+
+            not_callable = 42
+            """
+        )
+    )
+    (tmp_path / f"{name}_broken.py").write_text("raise RuntimeError('cannot load me')\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    for module in (name, f"{name}_broken"):
+        monkeypatch.delitem(sys.modules, module, raising=False)
+    return name
+
+
+def _enqueue_numbers(sqlite_url: str, count: int) -> None:
+    with al.Queue.connect(sqlite_url) as q:
+        q.enqueue_many("jobs", [al.TaskSpec(payload={"n": i}, id=f"t{i}") for i in range(count)])
+
+
+@pytest.mark.parametrize(("function", "expected"), [("double", 2), ("adouble", 2)])
+def test_worker_burst_runs_every_task(
+    run, sqlite_url: str, handlers: str, function: str, expected: int
+) -> None:
+    _enqueue_numbers(sqlite_url, 6)
+    spec = f"{handlers}:{function}"
+    result = ok(
+        run(
+            "worker",
+            spec,
+            "--queue",
+            "jobs",
+            "--concurrency",
+            "3",
+            "--burst",
+            "--poll-interval",
+            "0.05",
+        )
+    )
+    assert "worker stopped after 6 jobs" in result.stderr
+    with al.Queue.connect(sqlite_url) as q:
+        for i in range(6):
+            task = q.get(f"t{i}")
+            assert task.state == "done"
+            assert isinstance(task.result, dict)
+            assert task.result["double"] == expected * i
+
+
+def test_worker_dotted_attribute(run, sqlite_url: str, handlers: str) -> None:
+    _enqueue_numbers(sqlite_url, 2)
+    ok(run("worker", f"{handlers}:Tools.triple", "--queue", "jobs", "--burst"))
+    with al.Queue.connect(sqlite_url) as q:
+        assert q.get("t1").result == 3
+
+
+def test_worker_logs_handler_records_and_with_verbose_every_claim(
+    run, sqlite_url: str, handlers: str
+) -> None:
+    _enqueue_numbers(sqlite_url, 1)
+    quiet = ok(run("worker", f"{handlers}:logged", "--queue", "jobs", "--burst"))
+    assert "handling n=0" in quiet.stderr
+    assert "claimed" not in quiet.stderr
+    _enqueue_numbers(sqlite_url, 2)  # t0 exists already: only t1 is new
+    loud = ok(run("worker", f"{handlers}:logged", "--queue", "jobs", "--burst", "-v"))
+    assert "claimed jobs/t1" in loud.stderr
+    assert "completed jobs/t1" in loud.stderr
+
+
+def test_worker_dead_letters_after_max_failures(run, sqlite_url: str, handlers: str) -> None:
+    _enqueue_numbers(sqlite_url, 2)
+    ok(run("worker", f"{handlers}:boom", "--queue", "jobs", "--burst", "--max-failures", "1"))
+    dead = json.loads(ok(run("dead", "jobs", "--json")).stdout)
+    assert sorted(t["id"] for t in dead) == ["t0", "t1"]
+    assert {t["error"]["message"] for t in dead} == {"boom 0", "boom 1"}
+
+
+@pytest.mark.parametrize(
+    ("spec", "says"),
+    [
+        ("no_colon", "MODULE:FUNCTION"),
+        (":func", "MODULE:FUNCTION"),
+        ("mod:", "MODULE:FUNCTION"),
+        ("a:b:c", "MODULE:FUNCTION"),
+        ("surely_not_a_module_xyz:handle", "cannot import 'surely_not_a_module_xyz'"),
+        ("{mod}_broken:handle", "RuntimeError: cannot load me"),
+        ("{mod}:missing", "has no 'missing'"),
+        ("{mod}:not_callable", "not a function"),
+    ],
+)
+def test_worker_bad_handler_exits_2(
+    run, sqlite_url: str, handlers: str, spec: str, says: str
+) -> None:
+    _enqueue_numbers(sqlite_url, 1)
+    line = refused(run("worker", spec.format(mod=handlers), "--queue", "jobs", "--burst"))
+    assert says in line
+    assert stats(run, "jobs")["jobs"]["counts"]["queued"] == 1
+
+
+def test_worker_bad_settings_exit_2(run, handlers: str) -> None:
+    assert "queue name" in refused(run("worker", f"{handlers}:double", "--queue", "bad name"))
+    assert "concurrency" in refused(
+        run("worker", f"{handlers}:double", "--queue", "jobs", "--concurrency", "0")
+    )
+    assert "lease_for" in refused(
+        run("worker", f"{handlers}:double", "--queue", "jobs", "--lease-for", "0")
+    )
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_worker_exits_0_on_signal_after_finishing_its_job(
+    sqlite_url: str, handlers: str, tmp_path: Path, sig: signal.Signals
+) -> None:
+    _enqueue_numbers(sqlite_url, 1)
+    proc = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "agentlease", "worker", f"{handlers}:slow"),
+            *("--queue", "jobs", "--backend", sqlite_url, "--grace", "10"),
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    try:
+        deadline = time.monotonic() + 30
+        with al.Queue.connect(sqlite_url) as q:
+            while q.get("t0").state != "leased":
+                assert proc.poll() is None, proc.communicate()
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+        proc.send_signal(sig)
+        _, stderr = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, stderr.decode()
+    assert b"worker stopped after 1 jobs" in stderr
+    with al.Queue.connect(sqlite_url) as q:
+        assert q.get("t0").result == "slept"
