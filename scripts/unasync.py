@@ -12,8 +12,11 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent / "src" / "agentlease"
-SOURCE = ROOT / "_async"
-TARGET = ROOT / "_sync"
+# (asyncio source, generated sync twin) directory pairs.
+PAIRS = [
+    (ROOT / "_async", ROOT / "_sync"),
+    (ROOT / "backends" / "_async", ROOT / "backends" / "_sync"),
+]
 
 RENAMES = {
     "AsyncQueue": "Queue",
@@ -22,6 +25,22 @@ RENAMES = {
     "__aenter__": "__enter__",
     "__aexit__": "__exit__",
     "_async": "_sync",
+    "aclose": "close",
+    "AsyncIterator": "Iterator",
+    "AsyncGenerator": "Generator",
+    "asynccontextmanager": "contextmanager",
+    # Redis: redis.asyncio is the asyncio twin of redis.
+    "AsyncRedisBackend": "RedisBackend",
+    "AsyncRedis": "Redis",
+    "AsyncRedisCluster": "RedisCluster",
+    "redis_asyncio": "redis_sync",
+    # PostgreSQL: psycopg's async classes and the pool's.
+    "AsyncPostgresBackend": "PostgresBackend",
+    "AsyncConnection": "Connection",
+    "AsyncCursor": "Cursor",
+    "AsyncConnectionPool": "ConnectionPool",
+    "AsyncNullConnectionPool": "NullConnectionPool",
+    "async_sleep": "sync_sleep",
 }
 SUBS: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"\basync def\b"), "def"),
@@ -31,7 +50,7 @@ SUBS: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"\b(" + "|".join(map(re.escape, RENAMES)) + r")\b"), ""),
 ]
 HEADER = (
-    "# Generated from src/agentlease/_async/{name} by scripts/unasync.py. DO NOT EDIT.\n"
+    "# Generated from {name} by scripts/unasync.py. DO NOT EDIT.\n"
     "# Edit the asyncio source and run: python scripts/unasync.py\n"
 )
 
@@ -46,9 +65,11 @@ def convert(text: str) -> str:
 def generated() -> dict[Path, str]:
     """Every target file and the text it must have."""
     out: dict[Path, str] = {}
-    for source in sorted(SOURCE.glob("*.py")):
-        body = convert(source.read_text(encoding="utf-8"))
-        out[TARGET / source.name] = HEADER.format(name=source.name) + body
+    for source_dir, target_dir in PAIRS:
+        for source in sorted(source_dir.glob("*.py")):
+            body = convert(source.read_text(encoding="utf-8"))
+            name = source.relative_to(ROOT.parent.parent).as_posix()
+            out[target_dir / source.name] = HEADER.format(name=name) + body
     return out
 
 
@@ -62,7 +83,7 @@ def main(argv: list[str]) -> int:
         drifted.append(path)
         if not check:
             path.write_text(text, encoding="utf-8")
-    stale = set(TARGET.glob("*.py")) - set(generated())
+    stale = {p for _, target in PAIRS for p in target.glob("*.py")} - set(generated())
     if check:
         for path in drifted:
             print(f"{path} is out of date: run python scripts/unasync.py", file=sys.stderr)

@@ -1,8 +1,8 @@
 """Shared fixtures: the stores every contract test runs against.
 
-``store`` is parametrised over every backend. Backends that need a server (none yet besides the
-embedded ones) are skipped when the server is unreachable, unless AGENTLEASE_REQUIRE_SERVICES=1,
-which turns that skip into a failure (CI sets it).
+``store`` is parametrised over every backend. Backends that need a server are skipped when the
+server is unreachable, unless AGENTLEASE_REQUIRE_SERVICES=1, which turns that skip into a failure
+(CI sets it). Each test gets a fresh namespace on a shared server and drops it afterwards.
 """
 
 from __future__ import annotations
@@ -16,9 +16,17 @@ import pytest
 
 import agentlease as al
 from agentlease.backends.memory import MemoryBackend
+from tests import _services
 
 REQUIRE_SERVICES = os.environ.get("AGENTLEASE_REQUIRE_SERVICES") == "1"
 EMBEDDED = ["memory", "sqlite"]
+# Narrow a run with AGENTLEASE_TEST_BACKENDS=memory,sqlite (default: every backend).
+ALL_BACKENDS = [*EMBEDDED, "redis", "redis-cluster", "postgres"]
+BACKENDS = [
+    b
+    for b in os.environ.get("AGENTLEASE_TEST_BACKENDS", ",".join(EMBEDDED)).split(",")
+    if b in ALL_BACKENDS
+]
 
 
 def unavailable(service: str, reason: str) -> None:
@@ -56,18 +64,65 @@ class Store:
             q.close()  # type: ignore[attr-defined]
 
 
-@pytest.fixture(params=EMBEDDED)
+@pytest.fixture(params=BACKENDS)
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    """Every backend, each a fresh empty store."""
+    """Every backend, each a fresh empty store (namespace) of its own."""
     kind = request.param
     if kind == "memory":
         s = Store(kind, "memory://", MemoryBackend())
     elif kind == "sqlite":
         s = Store(kind, f"sqlite:///{tmp_path / 'tasks.db'}")
-    else:  # pragma: no cover - service-backed backends arrive with their issue
-        raise AssertionError(kind)
+    else:
+        url = request.getfixturevalue("served_url_" + kind.replace("-", "_"))
+        s = Store(kind, url)
     yield s
     s.close()
+
+
+@pytest.fixture
+def served_url_redis() -> Iterator[str]:
+    """A fresh key prefix on the shared Redis."""
+    problem = _services.redis_problem()
+    if problem:
+        unavailable("redis", problem)
+    prefix = _services.namespace()
+    yield _services.with_option(_services.REDIS_URL, "prefix", prefix)
+    _services.drop_redis_prefix(_services.REDIS_URL, prefix)
+
+
+@pytest.fixture(scope="session")
+def redis_cluster_base() -> Iterator[str]:
+    """A private three-master Redis Cluster for the whole session (started and stopped here)."""
+    from tests import _redis_cluster
+
+    try:
+        cluster = _redis_cluster.start()
+    except _redis_cluster.CannotStart as exc:
+        unavailable("redis cluster", str(exc))
+    try:
+        yield cluster.url
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def served_url_redis_cluster(redis_cluster_base: str) -> Iterator[str]:
+    """A fresh key prefix on the private Redis Cluster."""
+    prefix = _services.namespace()
+    url = _services.with_option(redis_cluster_base, "prefix", prefix)
+    yield url
+    _services.drop_redis_prefix(url, prefix)
+
+
+@pytest.fixture
+def served_url_postgres() -> Iterator[str]:
+    """A fresh schema on the shared PostgreSQL."""
+    problem = _services.postgres_problem()
+    if problem:
+        unavailable("postgres", problem)
+    schema = _services.namespace()
+    yield _services.with_option(_services.POSTGRES_URL, "schema", schema)
+    _services.drop_postgres_schema(schema)
 
 
 @pytest.fixture

@@ -199,7 +199,7 @@ class AsyncWorker:
                 if burst and not self._running:
                     return
                 idle = min(self.settings.poll_interval, max(0.01, idle * 2))
-                await self._sleep(idle * self._rand.uniform(0.5, 1.0))
+                await self._idle(idle * self._rand.uniform(0.5, 1.0))
                 continue
             idle = 0.0
             for job in jobs:
@@ -229,6 +229,22 @@ class AsyncWorker:
         self._wake.clear()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._wake.wait(), seconds)
+
+    async def _idle(self, seconds: float) -> None:
+        """Wait for a notification of new work (where the store has them), a stop, or
+        ``seconds``, whichever comes first."""
+        assert self._wake is not None
+        self._wake.clear()
+        waits = [
+            asyncio.ensure_future(self._wake.wait()),
+            asyncio.ensure_future(self.queue.backend.wait_for_work(self.name, seconds)),
+        ]
+        try:
+            await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+            await asyncio.gather(*waits, return_exceptions=True)
 
     async def _give_back(self, job: Job) -> None:
         # If this fails the lease expires on its own and the reaper requeues it to the front.

@@ -3,20 +3,24 @@
 ``connect(url)`` returns the synchronous face, ``connect_async(url)`` the asyncio face. Drivers
 are imported lazily, only for the scheme asked for.
 
-=========== ============================== ===========================================
-scheme      example                        store
-=========== ============================== ===========================================
-memory      ``memory://``                  this process's memory (tests, the harness)
-sqlite      ``sqlite:///tasks.db``         a SQLite file (``sqlite:////abs/path.db``)
-=========== ============================== ===========================================
+=============== ===================================== ======================================
+scheme          example                               store
+=============== ===================================== ======================================
+memory          ``memory://``                         this process's memory (tests, harness)
+sqlite          ``sqlite:///tasks.db``                a SQLite file (``sqlite:////abs.db``)
+redis, rediss   ``redis://host:6379/0``               Redis or Redis Cluster (extra: redis)
+postgresql      ``postgresql://user@host/db``         PostgreSQL (extra: postgres)
+=============== ===================================== ======================================
 """
 
 from __future__ import annotations
 
+import importlib
+from types import ModuleType
 from urllib.parse import parse_qsl, urlsplit
 
 from agentlease.backends.base import AsyncBackend, Backend
-from agentlease.errors import InvalidURL
+from agentlease.errors import InvalidURL, MissingDriver
 
 __all__ = ["AsyncBackend", "Backend", "connect", "connect_async"]
 
@@ -45,12 +49,48 @@ def connect(url: str) -> Backend:
         return MemoryBackend(url=url)
     if scheme == "sqlite":
         return _sqlite(url, parts.netloc, parts.path, parts.query)
-    raise InvalidURL(f"unsupported backend URL {url!r}: use memory:// or sqlite:///path/to/file.db")
+    native = _native(scheme)
+    if native is not None:
+        backend: Backend = native.connect(url)
+        return backend
+    raise InvalidURL(
+        f"unsupported backend URL {url!r}: use memory://, sqlite:///path.db, redis://host, "
+        "rediss://host or postgresql://user@host/db"
+    )
 
 
 def connect_async(url: str) -> AsyncBackend:
     """Open the asyncio backend named by ``url`` (same URLs and errors as :func:`connect`)."""
+    scheme = url.split(":", 1)[0].lower() if isinstance(url, str) else ""
+    native = _native(scheme)
+    if native is not None:
+        backend: AsyncBackend = native.connect_async(url)
+        return backend
     return connect(url).open_async()
+
+
+# Backends with their own asyncio driver: scheme -> (module opening it, extra that installs it).
+_NATIVE = {
+    "redis": ("agentlease.backends._redis_url", "redis"),
+    "rediss": ("agentlease.backends._redis_url", "redis"),
+    "postgresql": ("agentlease.backends._postgres_url", "postgres"),
+    "postgres": ("agentlease.backends._postgres_url", "postgres"),
+}
+_DRIVERS = {"redis", "hiredis", "psycopg", "psycopg_pool"}
+
+
+def _native(scheme: str) -> ModuleType | None:
+    """The module that opens ``scheme``'s backend, imported lazily with its driver."""
+    entry = _NATIVE.get(scheme)
+    if entry is None:
+        return None
+    module, extra = entry
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        if (exc.name or "").split(".")[0] in _DRIVERS:
+            raise MissingDriver(scheme, extra) from exc
+        raise
 
 
 def _sqlite(url: str, netloc: str, path: str, query: str) -> Backend:

@@ -121,5 +121,9 @@ class ThreadedAsyncBackend:
         await self._run(self._sync.close)
         self._executor.shutdown(wait=False)
 
+    async def wait_for_work(self, queue: str, timeout: float) -> None:
+        """No notifications here: wait out the timeout (the worker's poll interval)."""
+        await asyncio.sleep(timeout)
+
     def open_sync(self) -> Backend:
         return self._sync if self._factory is None else self._factory()

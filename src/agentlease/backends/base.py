@@ -153,6 +153,14 @@ class AsyncBackend(Protocol):
     ) -> int: ...
     async def close(self) -> None: ...
 
+    async def wait_for_work(self, queue: str, timeout: float) -> None:
+        """Return when work may have arrived in ``queue`` or after ``timeout`` seconds.
+
+        A hint for idle workers, never a guarantee: a backend with notifications (PostgreSQL
+        LISTEN/NOTIFY) returns early on one; others simply wait out the timeout.
+        """
+        ...
+
     def open_sync(self) -> Backend:
         """A synchronous backend on the same store, for a heartbeat thread that no event loop
         can starve. It may share state (memory) or hold its own connection (SQLite)."""

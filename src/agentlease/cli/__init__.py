@@ -5,7 +5,7 @@ Each command lives in its own module and registers itself on :data:`cli`.
 
 from __future__ import annotations
 
-from agentlease.cli import admin, bench, demo, work  # noqa: F401 - registers the commands
+from agentlease.cli import admin, bench, demo, migrate, work  # noqa: F401 - registers the commands
 from agentlease.cli._app import cli
 
 __all__ = ["cli", "main"]

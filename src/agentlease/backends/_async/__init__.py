@@ -1,0 +1,1 @@
+"""Backends written once for asyncio; ``backends/_sync`` is generated from them."""

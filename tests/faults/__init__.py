@@ -1,0 +1,1 @@
+"""Fault tests that own and break their own private servers."""
