@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,8 +23,6 @@ from agentlease._demo.ledger import read_ledgers
 from agentlease.errors import InvalidInput
 
 __all__ = ["DemoConfig", "DemoReport", "run_demo"]
-
-QUEUE = "demo"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -98,12 +97,14 @@ def run_demo(config: DemoConfig, progress: Progress | None = None) -> DemoReport
         ledgers.mkdir()
         queue = al.Queue.connect(url, settings=al.QueueSettings(lease_for=config.lease_for))
         try:
-            ids = _enqueue(queue, config, rand)
+            run = uuid.uuid4().hex[:8]  # a queue and ids of its own on a shared store
+            name = f"demo-{run}"
+            ids = _enqueue(queue, name, run, config, rand)
             say(0, config.tasks, f"enqueued {config.tasks} tasks on {url}")
             started = time.monotonic()
-            procs = _start_workers(url, ledgers, config)
+            procs = _start_workers(url, name, ledgers, config)
             try:
-                faults = _run(queue, ids, procs, ledgers, config, rand, say)
+                faults = _run(queue, name, ids, procs, ledgers, config, rand, say)
             finally:
                 _stop_workers(procs)
             elapsed = time.monotonic() - started
@@ -122,16 +123,22 @@ def run_demo(config: DemoConfig, progress: Progress | None = None) -> DemoReport
     return DemoReport(checks, figures)
 
 
-def _enqueue(queue: al.Queue, config: DemoConfig, rand: random.Random) -> list[str]:
+def _enqueue(
+    queue: al.Queue, name: str, run: str, config: DemoConfig, rand: random.Random
+) -> list[str]:
     low, high = config.work
     specs = [
-        al.TaskSpec(id=f"task-{i:05d}", payload={"n": i, "work": round(rand.uniform(low, high), 3)})
+        al.TaskSpec(
+            id=f"{run}-{i:05d}", payload={"n": i, "work": round(rand.uniform(low, high), 3)}
+        )
         for i in range(config.tasks)
     ]
-    return [e.task_id for e in queue.enqueue_many(QUEUE, specs)]
+    return [e.task_id for e in queue.enqueue_many(name, specs)]
 
 
-def _start_workers(url: str, ledgers: Path, config: DemoConfig) -> list[subprocess.Popen[bytes]]:
+def _start_workers(
+    url: str, name: str, ledgers: Path, config: DemoConfig
+) -> list[subprocess.Popen[bytes]]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     return [
         subprocess.Popen(
@@ -140,7 +147,7 @@ def _start_workers(url: str, ledgers: Path, config: DemoConfig) -> list[subproce
                 "-m",
                 "agentlease._demo.proc",
                 url,
-                QUEUE,
+                name,
                 str(ledgers / f"worker-{i:03d}.jsonl"),
                 str(config.lease_for),
             ],
@@ -167,6 +174,7 @@ def _busy(ledgers: Path, pids: set[int]) -> list[int]:
 
 def _run(
     queue: al.Queue,
+    name: str,
     ids: list[str],
     procs: list[subprocess.Popen[bytes]],
     ledgers: Path,
@@ -181,7 +189,7 @@ def _run(
     resume_at: dict[int, float] = {}
     to_kill, to_freeze = config.kill, config.freeze
     while time.monotonic() < deadline:
-        stats = queue.stats(QUEUE)
+        stats = queue.stats(name)
         done = stats.counts.get("done", 0) + stats.counts.get("dead", 0)
         if done >= len(ids):
             to_kill = to_freeze = 0  # too few tasks left to land every fault mid-task
