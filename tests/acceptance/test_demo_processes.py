@@ -1,4 +1,5 @@
-"""The article's scenarios with real worker processes on SQLite: the proof, crashes, zombies.
+"""The article's scenarios with real worker processes: the proof, crashes, zombies, on SQLite,
+Redis, Redis Cluster and PostgreSQL.
 
 Each test runs the demo scenario (``agentlease._demo``) and asserts on its report, which is
 checked against the store and against an independent ledger of what the handlers did. One seed
@@ -12,8 +13,19 @@ import os
 import pytest
 
 from agentlease._demo.scenario import DemoConfig, run_demo
+from tests.conftest import BACKENDS
 
 SEEDS = list(range(5)) if os.environ.get("AGENTLEASE_DEEP") == "1" else [0]
+KINDS = [k for k in BACKENDS if k != "memory"]  # the demo's workers are separate processes
+
+
+@pytest.fixture(params=KINDS)
+def url(request: pytest.FixtureRequest) -> str | None:
+    """The store of one run: None for SQLite in a temp dir, else a fresh namespace."""
+    if request.param == "sqlite":
+        return None
+    value: str = request.getfixturevalue("served_url_" + request.param.replace("-", "_"))
+    return value
 
 
 def failed(report_checks: list[object]) -> list[object]:
@@ -21,8 +33,10 @@ def failed(report_checks: list[object]) -> list[object]:
 
 
 @pytest.mark.slow
-def test_twenty_processes_two_hundred_tasks_each_claimed_and_completed_once() -> None:
-    report = run_demo(DemoConfig(workers=20, tasks=200, kill=0, freeze=0, lease_for=5.0))
+def test_twenty_processes_two_hundred_tasks_each_claimed_and_completed_once(
+    url: str | None,
+) -> None:
+    report = run_demo(DemoConfig(url=url, workers=20, tasks=200, kill=0, freeze=0, lease_for=5.0))
     f = report.figures
     assert report.ok, failed(report.checks)
     assert f["completed"] == 200
@@ -34,8 +48,10 @@ def test_twenty_processes_two_hundred_tasks_each_claimed_and_completed_once() ->
 
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", SEEDS)
-def test_sigkilled_workers_lose_nothing_and_run_nothing_twice(seed: int) -> None:
-    report = run_demo(DemoConfig(workers=8, tasks=60, kill=3, freeze=0, lease_for=1.5, seed=seed))
+def test_sigkilled_workers_lose_nothing_and_run_nothing_twice(url: str | None, seed: int) -> None:
+    report = run_demo(
+        DemoConfig(url=url, workers=8, tasks=60, kill=3, freeze=0, lease_for=1.5, seed=seed)
+    )
     f = report.figures
     assert report.ok, failed(report.checks)
     assert f["killed"] == 3
@@ -48,8 +64,12 @@ def test_sigkilled_workers_lose_nothing_and_run_nothing_twice(seed: int) -> None
 
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", SEEDS)
-def test_frozen_workers_writes_are_all_rejected_after_their_lease_is_reaped(seed: int) -> None:
-    report = run_demo(DemoConfig(workers=6, tasks=40, kill=0, freeze=2, lease_for=1.5, seed=seed))
+def test_frozen_workers_writes_are_all_rejected_after_their_lease_is_reaped(
+    url: str | None, seed: int
+) -> None:
+    report = run_demo(
+        DemoConfig(url=url, workers=6, tasks=40, kill=0, freeze=2, lease_for=1.5, seed=seed)
+    )
     f = report.figures
     assert report.ok, failed(report.checks)
     assert f["frozen"] == 2
