@@ -57,7 +57,8 @@ class Store:
         return q
 
     def aqueue(self, settings: al.QueueSettings | None = None, **kw: object) -> al.AsyncQueue:
-        return al.AsyncQueue(self.backend().open_async(), settings=settings, **kw)  # type: ignore[arg-type]
+        backend = al.connect_async(self.url) if self._memory is None else self._memory.open_async()
+        return al.AsyncQueue(backend, settings=settings, **kw)  # type: ignore[arg-type]
 
     def close(self) -> None:
         for q in self._opened:

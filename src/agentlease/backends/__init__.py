@@ -66,7 +66,15 @@ def connect_async(url: str) -> AsyncBackend:
     if native is not None:
         backend: AsyncBackend = native.connect_async(url)
         return backend
-    return connect(url).open_async()
+    sync = connect(url)
+    if scheme == "sqlite":
+        from agentlease.backends._threaded import ThreadedAsyncBackend
+        from agentlease.backends.sqlite import SQLiteBackend
+
+        assert isinstance(sync, SQLiteBackend)
+        # The connection just opened becomes the async face's own; twins are opened on demand.
+        return ThreadedAsyncBackend(sync, sync_factory=sync.twin)
+    return sync.open_async()
 
 
 # Backends with their own asyncio driver: scheme -> (module opening it, extra that installs it).
