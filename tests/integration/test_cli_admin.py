@@ -201,7 +201,7 @@ def test_dead_refuses_contradictory_options(run, sqlite_url: str, args: list[str
     ("args", "url", "says"),
     [
         (["stats"], "sqlite://host/x.db", "no host"),
-        (["enqueue", "jobs", "1"], "redis://localhost", "unsupported backend URL"),
+        (["enqueue", "jobs", "1"], "mysql://localhost", "unsupported backend URL"),
         (["enqueue", "jobs", "1"], "sqlite:///", "names no file"),
         (["inspect", "jobs"], "sqlite:///:memory:", "several processes"),
         (["stats", "nope"], None, "no queue named 'nope'"),

@@ -98,6 +98,8 @@ def _native(scheme: str) -> ModuleType | None:
     except ImportError as exc:
         if (exc.name or "").split(".")[0] in _DRIVERS:
             raise MissingDriver(scheme, extra) from exc
+        if exc.name == module:
+            return None  # this build has no such backend
         raise
 
 
