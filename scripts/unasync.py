@@ -41,6 +41,7 @@ RENAMES = {
     "AsyncConnectionPool": "ConnectionPool",
     "AsyncNullConnectionPool": "NullConnectionPool",
     "async_sleep": "sync_sleep",
+    "async_lock": "sync_lock",
 }
 SUBS: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"\basync def\b"), "def"),
@@ -50,7 +51,7 @@ SUBS: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"\b(" + "|".join(map(re.escape, RENAMES)) + r")\b"), ""),
 ]
 HEADER = (
-    "# Generated from {name} by scripts/unasync.py. DO NOT EDIT.\n"
+    "# Generated from agentlease/{name} by scripts/unasync.py. DO NOT EDIT.\n"
     "# Edit the asyncio source and run: python scripts/unasync.py\n"
 )
 
@@ -68,7 +69,7 @@ def generated() -> dict[Path, str]:
     for source_dir, target_dir in PAIRS:
         for source in sorted(source_dir.glob("*.py")):
             body = convert(source.read_text(encoding="utf-8"))
-            name = source.relative_to(ROOT.parent.parent).as_posix()
+            name = source.relative_to(ROOT).as_posix()
             out[target_dir / source.name] = HEADER.format(name=name) + body
     return out
 

@@ -24,7 +24,9 @@ EMBEDDED = ["memory", "sqlite"]
 ALL_BACKENDS = [*EMBEDDED, "redis", "redis-cluster", "postgres"]
 BACKENDS = [
     b
-    for b in os.environ.get("AGENTLEASE_TEST_BACKENDS", ",".join(EMBEDDED)).split(",")
+    for b in os.environ.get("AGENTLEASE_TEST_BACKENDS", "memory,sqlite,redis,redis-cluster").split(
+        ","
+    )
     if b in ALL_BACKENDS
 ]
 

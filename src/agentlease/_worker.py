@@ -32,11 +32,19 @@ from agentlease import _validate as check
 from agentlease._async.queue import AsyncQueue
 from agentlease._codec import JSON
 from agentlease._context import AsyncJobContext, JobContext
+from agentlease._events import logger
 from agentlease._heartbeat import Heartbeat, Held
 from agentlease._policy.retry import RetryPolicy
-from agentlease._records import Job
+from agentlease._records import Job, Lease
 from agentlease._sync.queue import Queue
-from agentlease.errors import AgentLeaseError, Cancelled, LeaseLost, PayloadError
+from agentlease.errors import (
+    AgentLeaseError,
+    BackendError,
+    BackendUnavailable,
+    Cancelled,
+    LeaseLost,
+    PayloadError,
+)
 
 __all__ = ["AsyncHandler", "AsyncWorker", "Handler", "SyncHandler", "Worker", "WorkerSettings"]
 
@@ -309,20 +317,24 @@ class AsyncWorker:
                     self._refuse(job, "fail")
                     return
                 retry_in = self.settings.retry.retry_in(job.failures, exc, self._rand)
-                with contextlib.suppress(LeaseLost):  # reported as zombie_rejected by the queue
-                    await queue.fail(held.lease, exc, retry_in=retry_in)
+                await self._settle(
+                    held, functools.partial(queue.fail, held.lease, exc, retry_in=retry_in)
+                )
                 return
             if held.lost.is_set():
                 self._refuse(job, "complete")
                 return
             try:
-                await queue.complete(held.lease, result)
-            except LeaseLost:
-                return
+                accepted = await self._settle(
+                    held, functools.partial(queue.complete, held.lease, result)
+                )
             except PayloadError as exc:
                 # The handler returned something that cannot be stored: that never gets better.
-                with contextlib.suppress(LeaseLost):
-                    await queue.fail(held.lease, exc, retry_in=None)
+                await self._settle(
+                    held, functools.partial(queue.fail, held.lease, exc, retry_in=None)
+                )
+                return
+            if not accepted:
                 return
             queue.events.emit(
                 "completed",
@@ -337,6 +349,40 @@ class AsyncWorker:
             self.processed += 1
             if self._wake is not None:
                 self._wake.set()
+
+    async def _settle(self, held: Held, write: Callable[[], Awaitable[object]]) -> bool:
+        """Send a job's final write (complete or fail) and say whether the store accepted it.
+
+        While the store is unavailable and the lease is still held, the write is retried with
+        jittered backoff, so an outage shorter than the lease does not make the task run again.
+        A retry refused with LeaseLost may follow a first try that was applied but whose reply
+        was lost; the task's record tells which.
+        """
+        delay, retried = 0.05, False
+        while True:
+            try:
+                await write()
+                return True
+            except LeaseLost:
+                return retried and await self._applied(held.lease)
+            except BackendUnavailable as exc:
+                if held.lost.is_set() or self._forced.is_set():
+                    logger.warning("giving up a write for %s: %s", held.lease.task_id, exc)
+                    return False
+                retried = True
+                await asyncio.sleep(delay * self._rand.uniform(0.5, 1.0))
+                delay = min(1.0, delay * 2)
+            except BackendError as exc:
+                logger.error("write for %s failed: %s", held.lease.task_id, exc)
+                return False
+
+    async def _applied(self, lease: Lease) -> bool:
+        """Whether the store shows this lease's own final write (no later claim happened)."""
+        try:
+            task = await self.queue.get(lease.task_id)
+        except AgentLeaseError:
+            return False
+        return task.attempt == lease.attempt and task.state in ("done", "failed", "dead")
 
     def _refuse(self, job: Job, write: str) -> None:
         lease = job.lease

@@ -1,4 +1,4 @@
-# Generated from src/agentlease/_async/queue.py by scripts/unasync.py. DO NOT EDIT.
+# Generated from agentlease/_async/queue.py by scripts/unasync.py. DO NOT EDIT.
 # Edit the asyncio source and run: python scripts/unasync.py
 """The client of the leased work queue: enqueue, claim, extend, complete, fail, release.
 

@@ -1,0 +1,292 @@
+"""Opening the Redis backend: URL parsing, client settings, and driver-error translation.
+
+``connect(url)`` and ``connect_async(url)`` are what :func:`agentlease.connect` dispatches to for
+``redis://`` and ``rediss://`` URLs::
+
+    redis://[user[:password]@]host[:port][/db][?option=value&...]
+    rediss://...                 TLS
+
+=================== =========================================================================
+option              meaning
+=================== =========================================================================
+prefix              first part of every key (default ``agentlease``); rules of a queue name
+cluster             ``1`` for Redis Cluster (``host:port`` is any node; db must be 0)
+socket_timeout      seconds to wait for a reply (default 10)
+connect_timeout     seconds to wait for a connection (default 3)
+ssl_cert_reqs       ``required`` (default), ``optional`` or ``none`` (rediss only)
+ssl_ca_certs        CA bundle to verify the server with (rediss only)
+ssl_certfile        client certificate, for mutual TLS (rediss only)
+ssl_keyfile         the client certificate's key (rediss only)
+ssl_check_hostname  ``0`` to skip the host name check (rediss only)
+=================== =========================================================================
+
+Opening does no I/O (except for a cluster's synchronous client, which reads the slot map): a
+wrong password or an unreachable host surface at the first call, as
+:class:`~agentlease.errors.BackendUnavailable` within the connect timeout.
+
+Every driver error reaches the caller through :func:`translate`, the one place where redis-py's
+exceptions become agentlease's (the driver's exception is kept as ``__cause__``).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from asyncio import sleep as async_sleep
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+import redis as redis_sync
+import redis.asyncio as redis_asyncio
+from redis import exceptions as rx
+
+from agentlease.backends.base import AsyncBackend as AsyncFace
+from agentlease.backends.base import Backend as SyncFace
+from agentlease.errors import BackendError, BackendUnavailable, InvalidURL
+
+__all__ = [
+    "DRIVER_ERRORS",
+    "AsyncFace",
+    "RedisOptions",
+    "SyncFace",
+    "async_sleep",
+    "connect",
+    "connect_async",
+    "parse",
+    "redis_asyncio",
+    "redis_sync",
+    "sync_sleep",
+    "translate",
+    "twin_async",
+    "twin_sync",
+]
+
+sync_sleep = time.sleep
+
+_PREFIX = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:-]{0,63}")
+_TLS_OPTIONS = {
+    "ssl_cert_reqs",
+    "ssl_ca_certs",
+    "ssl_certfile",
+    "ssl_keyfile",
+    "ssl_check_hostname",
+}
+_OPTIONS = {"prefix", "cluster", "socket_timeout", "connect_timeout", *_TLS_OPTIONS}
+_BOOLS = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}
+
+
+@dataclass(frozen=True, slots=True)
+class RedisOptions:
+    """A parsed Redis URL.
+
+    Attributes:
+        url: the URL with its password masked, for messages.
+        host, port, db, username, password: where and as whom to connect.
+        tls: ``rediss://``.
+        prefix: the first part of every key.
+        cluster: talk to a Redis Cluster.
+        socket_timeout, connect_timeout: seconds.
+        tls_options: the ``ssl_*`` settings for redis-py.
+    """
+
+    url: str
+    host: str
+    port: int
+    db: int
+    username: str | None
+    password: str | None
+    tls: bool
+    prefix: str
+    cluster: bool
+    socket_timeout: float
+    connect_timeout: float
+    tls_options: tuple[tuple[str, object], ...]
+
+    def client_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments shared by the four redis-py clients (sync/async, plain/cluster)."""
+        kwargs: dict[str, Any] = {
+            "host": self.host,
+            "port": self.port,
+            "username": self.username,
+            "password": self.password,
+            "socket_timeout": self.socket_timeout,
+            "socket_connect_timeout": self.connect_timeout,
+            "decode_responses": False,
+        }
+        if not self.cluster:
+            kwargs["db"] = self.db
+        if self.tls:
+            kwargs["ssl"] = True
+            kwargs.update(self.tls_options)
+        return kwargs
+
+
+def _seconds(options: dict[str, str], name: str, default: float, url: str) -> float:
+    raw = options.get(name)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise InvalidURL(f"{name} must be a positive number of seconds in {url!r}")
+    return value
+
+
+def _flag(options: dict[str, str], name: str, default: bool, url: str) -> bool:
+    raw = options.get(name)
+    if raw is None:
+        return default
+    if raw.lower() not in _BOOLS:
+        raise InvalidURL(f"{name} must be 1 or 0 in {url!r}, not {raw!r}")
+    return _BOOLS[raw.lower()]
+
+
+def _masked(url: str, password: str | None) -> str:
+    if password is None:
+        return url
+    scheme, rest = url.split("://", 1)
+    userinfo, at, hostpart = rest.partition("@")
+    user = userinfo.partition(":")[0]
+    return f"{scheme}://{user}:***{at}{hostpart}"
+
+
+def parse(url: str) -> RedisOptions:
+    """Parse a ``redis://`` or ``rediss://`` URL.
+
+    Raises:
+        InvalidURL: malformed, or an unknown or invalid option.
+    """
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+        host = parts.hostname
+    except ValueError as exc:
+        raise InvalidURL(f"malformed Redis URL {url!r}: {exc}") from exc
+    scheme = parts.scheme.lower()
+    if scheme not in ("redis", "rediss"):
+        raise InvalidURL(f"not a Redis URL: {url!r}")
+    if parts.fragment:
+        raise InvalidURL(f"Redis URLs take no #fragment: {url!r}")
+    if parts.netloc.endswith(("@", ":")) or (parts.netloc and not host):
+        raise InvalidURL(f"malformed host in Redis URL {url!r}")
+    path = parts.path.strip("/")
+    if path and not path.isdigit():
+        raise InvalidURL(f"the path of a Redis URL is a database number, not {parts.path!r}")
+    try:
+        pairs = parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query))
+    except ValueError as exc:
+        raise InvalidURL(f"malformed options in {url!r}: {exc}") from exc
+    options = dict(pairs)
+    if len(options) != len(pairs):
+        raise InvalidURL(f"an option is given twice in {url!r}")
+    unknown = set(options) - _OPTIONS
+    if unknown:
+        raise InvalidURL(
+            f"unknown Redis URL options {sorted(unknown)} in {url!r}; known: {sorted(_OPTIONS)}"
+        )
+    tls_given = {k: v for k, v in options.items() if k in _TLS_OPTIONS}
+    if tls_given and scheme != "rediss":
+        raise InvalidURL(f"TLS options {sorted(tls_given)} need a rediss:// URL: {url!r}")
+    prefix = options.get("prefix", "agentlease")
+    if not _PREFIX.fullmatch(prefix):
+        raise InvalidURL(
+            f"invalid prefix {prefix!r} in {url!r}: 1 to 64 characters from letters, digits and "
+            "_.:- (not starting with . : or -)"
+        )
+    cluster = _flag(options, "cluster", False, url)
+    db = int(path) if path else 0
+    if cluster and db != 0:
+        raise InvalidURL(f"Redis Cluster has only database 0: {url!r}")
+    tls: list[tuple[str, object]] = []
+    if "ssl_cert_reqs" in tls_given:
+        reqs = tls_given["ssl_cert_reqs"].lower()
+        if reqs not in ("required", "optional", "none"):
+            raise InvalidURL(f"ssl_cert_reqs must be required, optional or none in {url!r}")
+        tls.append(("ssl_cert_reqs", reqs))
+    for name in ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile"):
+        if name in tls_given:
+            if not tls_given[name]:
+                raise InvalidURL(f"{name} needs a file path in {url!r}")
+            tls.append((name, tls_given[name]))
+    if "ssl_check_hostname" in tls_given:
+        tls.append(("ssl_check_hostname", _flag(options, "ssl_check_hostname", True, url)))
+    password = None if parts.password is None else unquote(parts.password)
+    username = unquote(parts.username) if parts.username else None
+    return RedisOptions(
+        url=_masked(url, password),
+        host=host or "localhost",
+        port=6379 if port is None else port,
+        db=db,
+        username=username,
+        password=password,
+        tls=scheme == "rediss",
+        prefix=prefix,
+        cluster=cluster,
+        socket_timeout=_seconds(options, "socket_timeout", 10.0, url),
+        connect_timeout=_seconds(options, "connect_timeout", 3.0, url),
+        tls_options=tuple(tls),
+    )
+
+
+DRIVER_ERRORS = (rx.RedisError, rx.RedisClusterException)
+"""Everything redis-py raises on purpose (its cluster errors do not derive from RedisError)."""
+
+# Errors that say the store cannot serve right now; anything else from Redis is a BackendError.
+_UNAVAILABLE = (
+    rx.ConnectionError,  # also refused connections, wrong passwords (AuthenticationError), LOADING
+    rx.TimeoutError,
+    rx.ReadOnlyError,  # a replica promoted, or a failover in progress
+    rx.ClusterDownError,
+    rx.TryAgainError,
+    rx.MasterDownError,
+    rx.SlotNotCoveredError,
+    rx.InvalidResponse,  # something that is not Redis answered
+)
+_UNAVAILABLE_REPLIES = ("NOAUTH", "WRONGPASS", "NOPERM", "LOADING", "READONLY", "MASTERDOWN")
+
+
+def translate(url: str, exc: Exception) -> BackendError:
+    """The one place where a redis-py exception becomes an agentlease error.
+
+    Raise the result ``from exc`` so that the driver's exception stays the ``__cause__``.
+    """
+    message = str(exc) or type(exc).__name__
+    if isinstance(exc, rx.AuthenticationError) or message.startswith(("WRONGPASS", "NOAUTH")):
+        return BackendUnavailable(f"Redis at {url}: authentication failed: {message}")
+    if isinstance(exc, rx.AuthorizationError | rx.NoPermissionError) or message.startswith(
+        "NOPERM"
+    ):
+        return BackendUnavailable(f"Redis at {url}: the user may not do this: {message}")
+    if isinstance(exc, _UNAVAILABLE) or message.startswith(_UNAVAILABLE_REPLIES):
+        return BackendUnavailable(f"Redis at {url} is unavailable: {message}")
+    if isinstance(exc, rx.RedisClusterException) and "connect" in message.lower():  # no node
+        return BackendUnavailable(f"Redis Cluster at {url} is unavailable: {message}")
+    return BackendError(f"Redis at {url}: {type(exc).__name__}: {message}")
+
+
+def twin_sync(options: RedisOptions) -> SyncFace:
+    """A synchronous backend with a client of its own on the store of ``options``."""
+    from agentlease.backends._sync.redis_backend import RedisBackend
+
+    return RedisBackend(options)
+
+
+def twin_async(options: RedisOptions) -> AsyncFace:
+    """An asyncio backend with a client of its own on the store of ``options``."""
+    from agentlease.backends._async.redis_backend import AsyncRedisBackend
+
+    return AsyncRedisBackend(options)
+
+
+def connect(url: str) -> SyncFace:
+    """The synchronous Redis backend named by ``url`` (see the module docstring)."""
+    return twin_sync(parse(url))
+
+
+def connect_async(url: str) -> AsyncFace:
+    """The asyncio Redis backend named by ``url``."""
+    return twin_async(parse(url))

@@ -1,0 +1,325 @@
+# Generated from agentlease/backends/_async/redis_backend.py by scripts/unasync.py. DO NOT EDIT.
+# Edit the asyncio source and run: python scripts/unasync.py
+"""The Redis backend: many machines, lowest latency; Redis or Redis Cluster.
+
+Written once for asyncio (``redis.asyncio``, hiredis); ``backends/_sync/redis_backend.py`` is
+generated from this file by scripts/unasync.py.
+
+Atomicity. Every primitive on a queue is one Lua script (``backends/lua/*.lua``), so it is one
+atomic step on the store: claim promotes due tasks, reaps expired leases, pops and leases in one
+script; every holder write compares the lease's token and requires ``now < expires_at`` in the
+same script that writes. Every time is ``redis.call('TIME')``, read inside the script: the store's
+clock, never this process's. Batches cost one script per queue, sent in one pipeline.
+
+Keys. Every key of one queue shares the hash tag ``{<prefix>:<queue>}`` and is passed in
+``KEYS``, so each queue lives on one Redis Cluster shard and many queues spread over a cluster.
+The layout is drawn in :mod:`agentlease.backends.lua`.
+
+Task ids are unique across queues: the global hash ``<prefix>:ids`` maps each id to its queue
+(``get`` needs no queue). It cannot share a slot with every queue, so enqueue is two steps: the
+ids are reserved with HSETNX (pipelined), then the queue's script creates the tasks. The script
+trusts its own queue, not the reservation: it creates any task whose id is reserved for this
+queue but absent, so an enqueue that crashed between the two steps is completed by a retry of
+the same enqueue to the same queue (an id left reserved that way for a queue nobody retries
+stays taken: enqueueing it elsewhere reports it as existing). A reservation made for a task the
+script did not create (its dedup key was taken) is dropped again.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import redis.backoff
+
+from agentlease._records import (
+    Enqueued,
+    Job,
+    Lease,
+    LeaseInfo,
+    LeaseTerms,
+    NewTask,
+    QueueStats,
+    Reaped,
+    Task,
+)
+from agentlease.backends import _redis_url
+from agentlease.backends._sync.redis_link import Call, Client, RedisLink
+from agentlease.backends.lua import (
+    enqueued_from,
+    jobs_from,
+    lease_infos_from,
+    queue_keys,
+    reaped_from,
+    task_from,
+)
+from agentlease.errors import LeaseLost, UnknownQueue, UnknownTask
+
+__all__ = ["RedisBackend"]
+
+CAP = 1000  # most promotions, reaps or requeues one script does (a script never runs unbounded)
+_STATE_NAMES = ("scheduled", "queued", "leased", "failed", "done", "dead")
+
+
+def _nonce() -> str:
+    """A request nonce: lets a script recognise a retry of a write it already applied."""
+    return os.urandom(8).hex()
+
+
+def _flag(value: bool) -> str:
+    return "1" if value else "0"
+
+
+class RedisBackend:
+    """Tasks in Redis (or a Redis Cluster), shared by every process that can reach it.
+
+    Args:
+        options: the parsed URL (see :func:`agentlease.backends._redis_url.parse`).
+    """
+
+    def __init__(self, options: _redis_url.RedisOptions) -> None:
+        self.url = options.url
+        self._options = options
+        self._prefix = options.prefix
+        self._ids = f"{options.prefix}:ids"
+        self._queues = f"{options.prefix}:queues"
+        retry = _redis_url.redis_sync.retry.Retry(redis.backoff.NoBackoff(), 0)
+        try:
+            client: Client = (
+                _redis_url.redis_sync.RedisCluster(retry=retry, **options.client_kwargs())
+                if options.cluster
+                else _redis_url.redis_sync.Redis(retry=retry, **options.client_kwargs())
+            )
+        except _redis_url.DRIVER_ERRORS as exc:  # a cluster client reads the slot map at once
+            raise _redis_url.translate(self.url, exc) from exc
+        self._link = RedisLink(client, self.url)
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    def _holder_write(
+        self, name: str, keys: Sequence[str], lease: Lease, args: Sequence[object]
+    ) -> Any:
+        """Run a fenced write (retried safely: it carries a nonce, or repeats harmlessly) and
+        return its reply; raise if the lease was not held."""
+        reply = self._link.script(name, keys, args, retry=True)
+        if reply == 1 or reply[0] in (b"ok", b"replayed"):
+            return reply
+        if reply[0] == b"unknown":
+            raise UnknownTask(lease.task_id)
+        _, attempt, state, reason = reply
+        raise LeaseLost(
+            lease.task_id, lease.attempt, attempt, state.decode(), reason=reason.decode()
+        )
+
+    # -- primitives -----------------------------------------------------------------------------
+
+    def now(self) -> float:
+        seconds, micros = self._link.command("TIME")
+        return int(seconds) + int(micros) / 1_000_000
+
+    def enqueue(self, tasks: Sequence[NewTask]) -> list[Enqueued]:
+        if not tasks:
+            return []
+        # Step 1: reserve every id for its queue in the global index, and learn each id's owner.
+        reserve: list[Call] = []
+        for spec in tasks:
+            reserve.append(("HSETNX", self._ids, spec.id, spec.queue))
+            reserve.append(("HGET", self._ids, spec.id))
+        replies = self._link.many(reserve)
+        mine = [replies[2 * i] == 1 for i in range(len(tasks))]
+        owner = [replies[2 * i + 1] for i in range(len(tasks))]
+        out: list[Enqueued | None] = [None] * len(tasks)
+        groups: dict[str, list[int]] = {}
+        for i, spec in enumerate(tasks):
+            if owner[i] == spec.queue.encode():
+                groups.setdefault(spec.queue, []).append(i)
+            else:  # the id belongs to a task of another queue
+                out[i] = Enqueued(spec.id, False)
+        # Step 2: one script per queue creates its tasks (the queue is listed first).
+        nonce = _nonce()
+        calls: list[Call] = []
+        for queue, members in groups.items():
+            args: list[object] = [nonce, len(members)]
+            for i in members:
+                spec = tasks[i]
+                args += (
+                    spec.id,
+                    spec.payload_json,
+                    spec.priority,
+                    spec.delay,
+                    spec.dedup_key or "",
+                    spec.max_reclaims,
+                )
+            calls.append(("SADD", self._queues, queue))
+            calls.append(("EVALSHA", "enqueue", queue_keys(self._prefix, queue).enqueue, args))
+        results = self._link.many(calls)
+        # Step 3 (rare): drop reservations of tasks not created; re-point ids created on a
+        # reservation this call did not make (a retry after a crash, a concurrent duplicate).
+        fix: list[Call] = []
+        for (queue, members), reply in zip(groups.items(), results[1::2], strict=True):
+            for i, outcome in zip(members, enqueued_from(reply), strict=True):
+                out[i] = outcome
+                task_id = tasks[i].id
+                if mine[i] and not outcome.created and outcome.task_id != task_id:
+                    fix.append(("HDEL", self._ids, task_id))
+                elif outcome.created and not mine[i]:
+                    fix.append(("HSET", self._ids, task_id, queue))
+        if fix:
+            self._link.many(fix)
+        return [e for e in out if e is not None]
+
+    def claim(self, queue: str, n: int, terms: LeaseTerms) -> tuple[list[Job], list[Reaped]]:
+        timeout = terms.progress_timeout
+        now, jobs, reaped = self._link.script(
+            "claim",
+            queue_keys(self._prefix, queue).claim,
+            (
+                n,
+                terms.lease_for,
+                terms.max_total,
+                "" if timeout is None else timeout,
+                _flag(terms.reap_front),
+                os.urandom(16 * n).hex(),
+                CAP,
+            ),
+            retry=False,
+        )
+        return jobs_from(queue, float(now), jobs), reaped_from(queue, reaped)
+
+    def extend(self, leases: Sequence[Lease], lease_for: float) -> list[Lease | None]:
+        groups: dict[str, list[int]] = {}
+        for i, lease in enumerate(leases):
+            groups.setdefault(lease.queue, []).append(i)
+        calls: list[Call] = []
+        for queue, members in groups.items():
+            args: list[object] = [lease_for]
+            for i in members:
+                args += (leases[i].task_id, leases[i].token)
+            calls.append(("EVALSHA", "extend", queue_keys(self._prefix, queue).extend, args))
+        if len(calls) == 1:
+            _, name, keys, args = calls[0]
+            replies = [self._link.script(name, keys, args, retry=True)]
+        else:
+            replies = self._link.many(calls)
+        out: list[Lease | None] = [None] * len(leases)
+        for members, reply in zip(groups.values(), replies, strict=True):
+            for i, expires in zip(members, reply, strict=True):
+                if expires is not None:
+                    old = leases[i]
+                    out[i] = Lease(
+                        old.task_id,
+                        old.queue,
+                        old.token,
+                        old.attempt,
+                        old.leased_at,
+                        float(expires),
+                    )
+        return out
+
+    def complete(self, lease: Lease, result_json: bytes | None) -> None:
+        keys = queue_keys(self._prefix, lease.queue).complete
+        args = (lease.task_id, lease.token, _nonce(), result_json or b"")
+        self._holder_write("complete", keys, lease, args)
+
+    def fail(self, lease: Lease, error_json: bytes, retry_in: float | None) -> Task:
+        keys = queue_keys(self._prefix, lease.queue).fail
+        wait = "" if retry_in is None else retry_in
+        args = (lease.task_id, lease.token, _nonce(), error_json, wait)
+        reply = self._holder_write("fail", keys, lease, args)
+        return task_from(lease.queue, reply[1])
+
+    def release(self, lease: Lease, front: bool) -> None:
+        keys = queue_keys(self._prefix, lease.queue).release
+        args = (lease.task_id, lease.token, _nonce(), _flag(front))
+        self._holder_write("release", keys, lease, args)
+
+    def progress(
+        self, lease: Lease, progress_json: bytes | None, checkpoint_json: bytes | None
+    ) -> None:
+        keys = queue_keys(self._prefix, lease.queue).progress
+        args = (lease.task_id, lease.token, progress_json or b"", checkpoint_json or b"")
+        self._holder_write("progress", keys, lease, args)
+
+    def reap(self, queue: str, front: bool) -> list[Reaped]:
+        keys = queue_keys(self._prefix, queue).reap
+        reaped: list[Reaped] = []
+        while True:  # one atomic step per CAP expired leases
+            reply = self._link.script("reap", keys, (_flag(front), CAP), retry=True)
+            reaped += reaped_from(queue, reply)
+            if len(reply) < 3 * CAP:
+                return reaped
+
+    def get(self, task_id: str) -> Task:
+        queue = self._link.command("HGET", self._ids, task_id)
+        if queue is not None:
+            name = queue.decode()
+            reply = self._link.script(
+                "get", queue_keys(self._prefix, name).get, (task_id,), retry=True
+            )
+            if reply is not None:
+                return task_from(name, reply)
+        raise UnknownTask(task_id)
+
+    def stats(self, queue: str) -> QueueStats:
+        keys = queue_keys(self._prefix, queue).stats
+        reply = self._link.script("stats", keys, (), retry=True)
+        if reply is None:
+            raise UnknownQueue(queue)
+        now = float(reply[0])
+        counts = {s: n for s, n in zip(_STATE_NAMES, reply[1:7], strict=True) if n}
+        oldest = None if reply[7] is None else max(0.0, now - float(reply[7]))
+        return QueueStats(queue, counts, oldest, now)
+
+    def queues(self) -> list[str]:
+        names = self._link.command("SMEMBERS", self._queues)
+        return sorted(n.decode() for n in names)
+
+    def inspect(self, queue: str, limit: int) -> list[LeaseInfo]:
+        reply = self._link.script(
+            "inspect", queue_keys(self._prefix, queue).inspect, (limit,), retry=True
+        )
+        if reply is None:
+            raise UnknownQueue(queue)
+        return lease_infos_from(reply)
+
+    def dead(self, queue: str, limit: int) -> list[Task]:
+        reply = self._link.script(
+            "dead", queue_keys(self._prefix, queue).dead, (limit,), retry=True
+        )
+        if reply is None:
+            raise UnknownQueue(queue)
+        return [task_from(queue, t) for t in reply]
+
+    def requeue_dead(self, queue: str, task_ids: Sequence[str] | None, front: bool) -> int:
+        keys = queue_keys(self._prefix, queue).requeue_dead
+        if task_ids is not None:
+            args = (_flag(front), CAP, "ids", *task_ids)
+            count = self._link.script("requeue_dead", keys, args, retry=False)
+            if count is None:
+                raise UnknownQueue(queue)
+            return int(count)
+        total = 0
+        while True:  # one atomic step per CAP dead letters
+            args = (_flag(front), CAP, "all")
+            count = self._link.script("requeue_dead", keys, args, retry=False)
+            if count is None:
+                raise UnknownQueue(queue)
+            total += int(count)
+            if count < CAP:
+                return total
+
+    def close(self) -> None:
+        self._link.close()
+
+    def wait_for_work(self, queue: str, timeout: float) -> None:
+        """No notifications: wait out the timeout (the worker's poll interval)."""
+        _redis_url.sync_sleep(timeout)
+
+    def open_sync(self) -> _redis_url.SyncFace:
+        """A synchronous backend with its own client on the same store."""
+        return _redis_url.twin_sync(self._options)
+
+    def open_async(self) -> _redis_url.AsyncFace:
+        """An asyncio backend with its own client on the same store."""
+        return _redis_url.twin_async(self._options)

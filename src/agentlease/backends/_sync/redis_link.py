@@ -1,0 +1,166 @@
+# Generated from agentlease/backends/_async/redis_link.py by scripts/unasync.py. DO NOT EDIT.
+# Edit the asyncio source and run: python scripts/unasync.py
+"""The Redis backend's connection: runs scripts and commands, retries what is safe to repeat,
+and turns every driver error into an agentlease error.
+
+Written once for asyncio; ``backends/_sync/redis_link.py`` is generated from it.
+
+redis-py is told to retry nothing, because only the backend knows which calls are safe to send
+twice. Within about a second (50, 100, 200 ms apart), a call is sent again when Redis refused it
+without running it (LOADING, READONLY, TRYAGAIN, CLUSTERDOWN) or the connection could not be
+made; when a connection broke or timed out mid-call, the reply may be lost after the store
+applied the call, so only calls marked ``retry`` are sent again: reads, extensions, and writes
+that carry a request nonce the scripts recognise (a replayed write is answered as applied, never
+as a lost lease). A claim is not sent again: a lost reply would lease tasks nobody holds, which
+the reaper requeues once their lease runs out. After that the caller gets BackendUnavailable.
+
+A script the server does not know (NOSCRIPT: a restart, a failover, ``SCRIPT FLUSH``) is loaded
+on every primary and the call sent again.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from redis import exceptions as rx
+
+from agentlease.backends import _redis_url
+from agentlease.backends.lua import SCRIPTS
+
+__all__ = ["Call", "Client", "RedisLink"]
+
+Keys = Sequence[str]
+Args = Sequence[Any]
+Call = tuple[Any, ...]
+"""One command for :meth:`RedisLink.many`: its arguments, as for ``execute_command``."""
+
+RETRY_WINDOW = 1.0  # seconds within which a call may be sent again
+BACKOFF = 0.05  # the first pause; it doubles
+# Refused without being run: safe to send again whatever the call.
+_REFUSED = (rx.BusyLoadingError, rx.ReadOnlyError, rx.TryAgainError, rx.ClusterDownError)
+# The reply may be lost after the store applied the call: repeat only calls marked retry.
+_BROKEN = (rx.ConnectionError, rx.TimeoutError)
+_FATAL = (rx.AuthenticationError, rx.AuthorizationError, rx.MaxConnectionsError)
+
+_ERRORS = _redis_url.DRIVER_ERRORS
+
+Client = _redis_url.redis_sync.Redis | _redis_url.redis_sync.RedisCluster
+
+
+def _repeatable(exc: Exception, retry: bool) -> bool:
+    """Whether a call that raised ``exc`` may be sent again."""
+    if isinstance(exc, _FATAL):
+        return False
+    if isinstance(exc, _REFUSED):
+        return True
+    if isinstance(exc, _BROKEN):
+        # redis-py says "... connecting to ..." when the connection was never made.
+        return retry or "connecting" in str(exc)
+    return False
+
+
+class RedisLink:
+    """A redis-py client and the rules for using it.
+
+    Args:
+        client: the client (plain or cluster).
+        url: how the store is named in errors (no password).
+    """
+
+    def __init__(self, client: Client, url: str) -> None:
+        self.client = client
+        self.url = url
+        self._execute: Any = client.execute_command  # untyped in redis-py's sync client
+
+    def _recover(self, exc: Exception, send: Callable[[], Any], retry: bool) -> Any:
+        """After ``exc``: ``send()`` again until it succeeds or may not be repeated."""
+        started = time.monotonic()
+        pause = BACKOFF
+        loaded = False
+        while True:
+            if isinstance(exc, rx.NoScriptError) and not loaded:
+                self._load_scripts()
+                loaded = True
+            else:
+                late = time.monotonic() - started + pause > RETRY_WINDOW
+                if late or not _repeatable(exc, retry):
+                    raise _redis_url.translate(self.url, exc) from exc
+                _redis_url.sync_sleep(pause)
+                pause *= 2
+            try:
+                return send()
+            except _ERRORS as again:
+                exc = again
+
+    def _load_scripts(self) -> None:
+        for script in SCRIPTS.values():
+            self.client.script_load(script.text)
+
+    def _pipeline(self, calls: Sequence[Call]) -> list[Any]:
+        results: list[Any] = [None] * len(calls)
+        pending = list(range(len(calls)))
+        loaded = False
+        while pending:
+            pipe: Any = self.client.pipeline(transaction=False)
+            for i in pending:
+                pipe.execute_command(*_expand(calls[i]))
+            replies = pipe.execute(raise_on_error=False)
+            missing = []
+            for i, reply in zip(pending, replies, strict=True):
+                if isinstance(reply, rx.NoScriptError) and not loaded:
+                    missing.append(i)
+                elif isinstance(reply, _ERRORS):
+                    raise reply
+                else:
+                    results[i] = reply
+            if missing:
+                self._load_scripts()
+                loaded = True
+            pending = missing
+        return results
+
+    def script(self, name: str, keys: Keys, args: Args, *, retry: bool) -> Any:
+        """Run one script (by SHA) and return its reply."""
+        call = ("EVALSHA", SCRIPTS[name].sha, len(keys), *keys, *args)
+        try:
+            return self._execute(*call)
+        except _ERRORS as exc:
+            return self._recover(exc, lambda: self._execute(*call), retry)
+
+    def command(self, *args: Any) -> Any:
+        """Run one plain command (safe to repeat) and return its reply."""
+        try:
+            return self._execute(*args)
+        except _ERRORS as exc:
+            return self._recover(exc, lambda: self._execute(*args), True)
+
+    def many(self, calls: Sequence[Call]) -> list[Any]:
+        """Run commands that are all safe to repeat in one pipeline (one round trip per node),
+        not as a transaction.
+
+        Script calls are given as ``("EVALSHA", name, keys, args)`` and sent by SHA; those the
+        server did not know are loaded and sent again.
+        """
+        if not calls:
+            return []
+        try:
+            return self._pipeline(calls)
+        except _ERRORS as exc:
+            results: list[Any] = self._recover(exc, lambda: self._pipeline(calls), True)
+            return results
+
+    def close(self) -> None:
+        """Close the client's connections."""
+        try:
+            self.client.close()
+        except _ERRORS as exc:
+            raise _redis_url.translate(self.url, exc) from exc
+
+
+def _expand(call: Call) -> Call:
+    if call[0] == "EVALSHA":
+        _, name, keys, args = call
+        return ("EVALSHA", SCRIPTS[name].sha, len(keys), *keys, *args)
+    return call

@@ -1,0 +1,254 @@
+"""The Redis backend's Lua scripts: their text, the keys each one is given, and their replies.
+
+One ``.lua`` file per primitive, each with a header listing its KEYS, ARGV and return value,
+read here with :mod:`importlib.resources`. ``_lib.lua`` holds what they share (the task record's
+layout, the store's clock, the lease arithmetic, fencing, reaping); each script gets the helpers
+its ``-- helpers:`` line names, prepended after its ``#!lua`` line. Scripts are called by SHA and
+loaded again on NOSCRIPT (after a restart, a failover or ``SCRIPT FLUSH``); see
+``_async/redis_link.py``.
+
+Key layout. Every key of one queue carries the hash tag ``{<prefix>:<queue>}``, so a queue lives
+on one Redis Cluster shard and every script is given all the keys it touches:
+
+=========================== ================================================================
+``{p:q}:t``                 hash: task id -> the task's record (MessagePack array, ~70-130 B
+                            plus the payload when it is 200 bytes or less)
+``{p:q}:p``                 hash: task id -> payload JSON, when it is longer
+``{p:q}:r`` ``:g`` ``:c``   hashes: task id -> result / progress / checkpoint JSON, when set
+``{p:q}:e``                 hash: task id -> last error JSON, when set
+``{p:q}:n``                 hash: the sequence counter and the count of failed tasks (the
+                            other counts are sizes of hashes and ZSETs: ``stats`` is O(1))
+``{p:q}:q``                 zset, score 0: queued tasks, ordered by member (priority, front,
+                            sequence, id); claim pops with ZPOPMIN
+``{p:q}:w``                 zset by run_at: scheduled and retry-waiting tasks
+``{p:q}:l``                 zset by expires_at: leased tasks (the reaper reads only the expired)
+``{p:q}:a``                 zset by created_at: queued tasks (the oldest queued age)
+``{p:q}:d``                 zset by finished_at: dead letters
+``{p:q}:k``                 hash: dedup key -> task id
+``p:ids``                   hash: task id -> queue (ids are unique across queues)
+``p:queues``                set: every queue enqueued to
+=========================== ================================================================
+
+A queued task with a small payload costs about 500 bytes of Redis memory in all (its record,
+its members of the ready and age ZSETs, and its entry in the id index).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+from typing import Any
+
+from agentlease._records import Enqueued, Job, Lease, LeaseInfo, Reaped, Task, TaskState
+
+__all__ = [
+    "SCRIPTS",
+    "QueueKeys",
+    "Script",
+    "enqueued_from",
+    "jobs_from",
+    "lease_infos_from",
+    "queue_keys",
+    "reaped_from",
+    "task_from",
+]
+
+NAMES = (
+    "enqueue",
+    "claim",
+    "extend",
+    "complete",
+    "fail",
+    "release",
+    "progress",
+    "reap",
+    "requeue_dead",
+    "get",
+    "stats",
+    "inspect",
+    "dead",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Script:
+    """One script as sent to Redis: its full text (shared helpers included) and SHA1."""
+
+    name: str
+    text: bytes
+    sha: str
+
+
+_HELPER = re.compile(r"^-- @helper (\w+):(.*)$", re.MULTILINE)
+_USES = re.compile(r"^-- helpers:(.*)$", re.MULTILINE)
+
+
+def _helpers(lib: str) -> dict[str, tuple[list[str], str]]:
+    """``_lib.lua``'s sections: name -> (the helpers it needs, its text), in file order."""
+    parts = _HELPER.split(lib)
+    return {
+        name: (deps.split(), f"-- @helper {name}:{deps}\n{body.strip()}\n")
+        for name, deps, body in zip(parts[1::3], parts[2::3], parts[3::3], strict=True)
+    }
+
+
+def _prelude(helpers: dict[str, tuple[list[str], str]], wanted: list[str]) -> str:
+    """The constants and the helpers ``wanted`` (with what they need), in file order."""
+    needed = {"constants"}
+    stack = list(wanted)
+    while stack:
+        name = stack.pop()
+        if name not in helpers:
+            raise RuntimeError(f"_lib.lua has no helper {name!r}")
+        if name not in needed:
+            needed.add(name)
+            stack.extend(helpers[name][0])
+    return "".join(text for name, (_, text) in helpers.items() if name in needed)
+
+
+def _load() -> dict[str, Script]:
+    files = resources.files(__name__)
+    helpers = _helpers(files.joinpath("_lib.lua").read_text(encoding="utf-8"))
+    scripts = {}
+    for name in NAMES:
+        body = files.joinpath(f"{name}.lua").read_text(encoding="utf-8")
+        shebang, _, rest = body.partition("\n")
+        uses = _USES.search(rest)
+        if not shebang.startswith("#!lua") or uses is None:
+            raise RuntimeError(f"{name}.lua must start with #!lua and name its helpers")
+        prelude = _prelude(helpers, uses.group(1).split())
+        text = f"{shebang}\n{prelude}-- {name}.lua\n{rest}".encode()
+        scripts[name] = Script(name, text, hashlib.sha1(text).hexdigest())
+    return scripts
+
+
+SCRIPTS = _load()
+
+
+@dataclass(frozen=True, slots=True)
+class QueueKeys:
+    """The keys of one queue, in the order each script lists them in its header."""
+
+    enqueue: tuple[str, ...]
+    claim: tuple[str, ...]
+    extend: tuple[str, ...]
+    complete: tuple[str, ...]
+    fail: tuple[str, ...]
+    release: tuple[str, ...]
+    progress: tuple[str, ...]
+    reap: tuple[str, ...]
+    requeue_dead: tuple[str, ...]
+    get: tuple[str, ...]
+    stats: tuple[str, ...]
+    inspect: tuple[str, ...]
+    dead: tuple[str, ...]
+
+
+@lru_cache(maxsize=4096)
+def queue_keys(prefix: str, queue: str) -> QueueKeys:
+    """The keys of ``queue`` under ``prefix`` (all with the hash tag ``{prefix:queue}``)."""
+    tag = f"{{{prefix}:{queue}}}:"
+    t, p, r, g, c, e, n, q, w, lk, a, d, k = (tag + s for s in "tprgcenqwladk")
+    return QueueKeys(
+        enqueue=(t, p, n, q, w, a, k),
+        claim=(t, p, c, e, n, q, w, lk, a, d),
+        extend=(t, lk),
+        complete=(t, r, lk),
+        fail=(t, p, r, g, c, e, n, lk, w, d),
+        release=(t, n, lk, q, a),
+        progress=(t, g, c),
+        reap=(t, e, n, q, lk, a, d),
+        requeue_dead=(t, n, q, a, d),
+        get=(t, p, r, g, c, e),
+        stats=(t, n, q, w, lk, d, a),
+        inspect=(t, n, lk),
+        dead=(t, p, r, g, c, e, n, d),
+    )
+
+
+# -- replies --------------------------------------------------------------------------------------
+
+_STATES: dict[bytes, TaskState] = {
+    b"scheduled": "scheduled",
+    b"queued": "queued",
+    b"leased": "leased",
+    b"failed": "failed",
+    b"done": "done",
+    b"dead": "dead",
+}
+_OUTCOMES: dict[bytes, Any] = {b"requeued": "requeued", b"dead": "dead"}
+
+
+def _time(value: bytes | None) -> float | None:
+    return None if value is None else float(value)
+
+
+def task_from(queue: str, v: list[Any]) -> Task:
+    """A task from the flat reply of ``get.lua`` (and ``fail.lua``, ``dead.lua``)."""
+    return Task(
+        id=v[0].decode(),
+        queue=queue,
+        state=_STATES[v[1]],
+        priority=v[2],
+        payload_json=v[13],
+        attempt=v[3],
+        reclaims=v[4],
+        failures=v[5],
+        max_reclaims=v[6],
+        created_at=float(v[7]),
+        run_at=float(v[8]),
+        dedup_key=None if v[9] is None else v[9].decode(),
+        leased_at=_time(v[10]),
+        expires_at=_time(v[11]),
+        finished_at=_time(v[12]),
+        progress_json=v[14],
+        checkpoint_json=v[15],
+        result_json=v[16],
+        error_json=v[17],
+    )
+
+
+def jobs_from(queue: str, now: float, v: list[Any]) -> list[Job]:
+    """The jobs of a claim, from the flat list in ``claim.lua``'s reply."""
+    return [
+        Job(
+            Lease(v[i].decode(), queue, v[i + 1].decode(), v[i + 2], now, float(v[i + 3])),
+            v[i + 4],
+            v[i + 5],
+            v[i + 6],
+            v[i + 7],
+            v[i + 8],
+        )
+        for i in range(0, len(v), 9)
+    ]
+
+
+def reaped_from(queue: str, v: list[Any]) -> list[Reaped]:
+    """The reaped leases, from the flat list of ``claim.lua`` or ``reap.lua``."""
+    return [
+        Reaped(v[i].decode(), queue, v[i + 1], _OUTCOMES[v[i + 2]]) for i in range(0, len(v), 3)
+    ]
+
+
+def lease_infos_from(v: list[Any]) -> list[LeaseInfo]:
+    """Live leases from ``inspect.lua``'s reply (its first value is the store's time)."""
+    now = float(v[0])
+    return [
+        LeaseInfo(
+            v[i].decode(),
+            v[i + 1],
+            now - float(v[i + 2]),
+            float(v[i + 3]) - now,
+            v[i + 4],
+            v[i + 5],
+        )
+        for i in range(1, len(v), 6)
+    ]
+
+
+def enqueued_from(v: list[Any]) -> list[Enqueued]:
+    """The outcome of each task, from ``enqueue.lua``'s reply."""
+    return [Enqueued(v[i + 1].decode(), v[i] == 1) for i in range(0, len(v), 2)]

@@ -1,0 +1,168 @@
+-- Shared helpers, prepended to the scripts at load time (after their #!lua line).
+--
+-- Each "-- @helper name: dependencies" section is one helper; a script names the helpers it
+-- calls in a "-- helpers:" line of its header and gets those (and their dependencies) only, so
+-- that no call pays for closures it never uses. The "-- @helper constants" section goes first
+-- into every script.
+--
+-- A task is one field of the queue's hash {prefix:queue}:t, its value a MessagePack array, the
+-- record: state, priority, sequence number, sent-to-front flag, attempt (the fencing number),
+-- reclaims, failures, max_reclaims, created_at, run_at, leased_at, expires_at, the lease's total
+-- deadline, progress timeout and last progress, finished_at, token, the nonce of the last write
+-- request, dedup key, whether a checkpoint is saved, and the payload when it is small. Bigger
+-- values live in their own hashes of the queue (payloads, results, progress, checkpoints,
+-- errors), so that a claim or a heartbeat never rewrites them.
+--
+-- Times are seconds on the store's clock (TIME). They are stored as doubles inside the record and
+-- as ZSET scores, both exact; they leave a script as strings made by fmt(), because a Lua number
+-- returned to Redis is truncated to an integer and tostring() keeps only 14 digits.
+
+-- @helper constants:
+local STATES = {'scheduled', 'queued', 'leased', 'failed', 'done', 'dead'}
+local SCHEDULED, QUEUED, LEASED, FAILED, DONE, DEAD = 1, 2, 3, 4, 5, 6
+-- Positions in the record. Absent values are false (a nil would cut the array short).
+local F_STATE, F_PRIO, F_SEQ, F_FRONT, F_ATTEMPT, F_RECLAIMS, F_FAILURES, F_MAXR = 1, 2, 3, 4, 5, 6, 7, 8
+local F_CREATED, F_RUNAT, F_LEASED, F_EXPIRES, F_DEADLINE, F_PTIMEOUT, F_PROGRESSED = 9, 10, 11, 12, 13, 14, 15
+local F_FINISHED, F_TOKEN, F_REQ, F_DEDUP, F_CHECKPOINTED, F_PAYLOAD = 16, 17, 18, 19, 20, 21
+-- Payloads up to this many bytes live in the record (one read less per claim, one hash entry
+-- less per task); longer ones in the payloads hash, so that rewriting a record stays cheap.
+local INLINE = 200
+
+-- @helper clock:
+local function clock()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) + tonumber(t[2]) / 1000000
+end
+
+-- @helper fmt:
+local function fmt(x)
+  if x then return string.format('%.6f', x) end
+  return false
+end
+
+-- @helper load:
+local function load(tasks, id)
+  local raw = redis.call('HGET', tasks, id)
+  if raw then return cmsgpack.unpack(raw) end
+  return nil
+end
+
+-- @helper save:
+local function save(tasks, id, rec)
+  redis.call('HSET', tasks, id, cmsgpack.pack(rec))
+end
+
+-- @helper zrem:
+-- ZREM many members, in chunks (unpack() is bounded by Lua's stack).
+local function zrem(key, ids)
+  for i = 1, #ids, 1000 do
+    redis.call('ZREM', key, unpack(ids, i, math.min(i + 999, #ids)))
+  end
+end
+
+-- @helper member:
+-- The ready ZSET holds every queued task with score 0, ordered by this member alone:
+-- 8 hex digits of (2^31 - 1 - priority), so higher priorities sort first; '0' for a task sent to
+-- the front, '1' otherwise; 16 hex digits of its sequence number; then the id (from byte 26).
+local function member(rec, id)
+  local flag = 1
+  if rec[F_FRONT] == 1 then flag = 0 end
+  return string.format('%08x%d%016x', 2147483647 - rec[F_PRIO], flag, rec[F_SEQ]) .. id
+end
+
+-- @helper expiry:
+-- The expiry of a lease claimed or extended at now: never past the lease's total deadline, nor
+-- past the progress deadline when there is one (agentlease._policy.lease.lease_expiry).
+local function expiry(now, lease_for, deadline, progressed, ptimeout)
+  local e = math.min(now + lease_for, deadline)
+  if ptimeout then e = math.min(e, progressed + ptimeout) end
+  return e
+end
+
+-- @helper make_ready: member
+-- Put a task back in the ready set: to the front of its priority (keeping its sequence number, so
+-- tasks sent to the front keep their order) or behind everything (a fresh sequence number).
+local function make_ready(rec, id, front, counters, ready, age)
+  rec[F_STATE] = QUEUED
+  if front then
+    rec[F_FRONT] = 1
+  else
+    rec[F_FRONT] = 0
+    rec[F_SEQ] = redis.call('HINCRBY', counters, 'seq', 1)
+  end
+  redis.call('ZADD', ready, 0, member(rec, id))
+  redis.call('ZADD', age, rec[F_CREATED], id)
+end
+
+-- @helper fence: load
+-- Fencing: the record if the lease (token) is held and live, else nil and the reply to send.
+-- A holder write carries a request nonce; a retry of a write that was applied but whose reply
+-- was lost finds its own nonce on the record and is answered 'replayed' instead of lost.
+local function fence(tasks, id, token, nonce, now)
+  local rec = load(tasks, id)
+  if not rec then return nil, {'unknown'} end
+  if rec[F_STATE] == LEASED and rec[F_TOKEN] == token and now < rec[F_EXPIRES] then
+    return rec, nil
+  end
+  if nonce and rec[F_REQ] == nonce then return nil, {'replayed'} end
+  local reason
+  if rec[F_STATE] ~= LEASED then
+    reason = 'task is ' .. STATES[rec[F_STATE]]
+  elseif rec[F_TOKEN] ~= token then
+    reason = 'token replaced'
+  else
+    reason = 'lease expired'
+  end
+  return nil, {'lost', rec[F_ATTEMPT], STATES[rec[F_STATE]], reason}
+end
+
+-- @helper reap: load save zrem make_ready
+-- Requeue (or dead-letter, past max_reclaims) the expired leases ids (read by the caller from
+-- the leases ZSET, oldest expiry first, at most a cap of them). Appends id, attempt, outcome to
+-- out for each. K holds the keys: tasks, errors, counters, ready, leases, age, dead.
+local function reap(K, ids, now, front, out)
+  for _, id in ipairs(ids) do
+    local rec = load(K.tasks, id)
+    if rec and rec[F_STATE] == LEASED then
+      local reclaims = rec[F_RECLAIMS] + 1
+      rec[F_RECLAIMS] = reclaims
+      rec[F_TOKEN] = false
+      rec[F_EXPIRES] = false
+      local outcome
+      if reclaims > rec[F_MAXR] then
+        outcome = 'dead'
+        rec[F_STATE] = DEAD
+        rec[F_FINISHED] = now
+        redis.call('HSET', K.errors, id, string.format(
+          '{"type":"LeaseExpired","message":"lease expired %d times"}', reclaims))
+        redis.call('ZADD', K.dead, now, id)
+      else
+        outcome = 'requeued'
+        make_ready(rec, id, front, K.counters, K.ready, K.age)
+      end
+      save(K.tasks, id, rec)
+      out[#out + 1] = id
+      out[#out + 1] = rec[F_ATTEMPT]
+      out[#out + 1] = outcome
+    end
+  end
+  zrem(K.leases, ids)
+end
+
+-- @helper payload:
+local function payload(payloads, id, rec)
+  return rec[F_PAYLOAD] or redis.call('HGET', payloads, id)
+end
+
+-- @helper task_reply: fmt payload
+-- Everything get() shows of a task, as one flat array (see lua.task_from).
+local function task_reply(K, id, rec)
+  return {
+    id, STATES[rec[F_STATE]], rec[F_PRIO], rec[F_ATTEMPT], rec[F_RECLAIMS], rec[F_FAILURES],
+    rec[F_MAXR], fmt(rec[F_CREATED]), fmt(rec[F_RUNAT]), rec[F_DEDUP], fmt(rec[F_LEASED]),
+    fmt(rec[F_EXPIRES]), fmt(rec[F_FINISHED]),
+    payload(K.payloads, id, rec), redis.call('HGET', K.progress, id),
+    redis.call('HGET', K.checkpoints, id), redis.call('HGET', K.results, id),
+    redis.call('HGET', K.errors, id),
+  }
+end

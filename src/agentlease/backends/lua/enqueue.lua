@@ -1,0 +1,68 @@
+#!lua
+-- enqueue: create tasks in one queue, all in one atomic step.
+--
+-- The caller has reserved each id for this queue in the global index ({prefix}:ids) first. A
+-- task is created unless its id already exists here or its dedup key is taken here; an id whose
+-- reservation was never followed by its task (the caller crashed in between) is simply created.
+--
+-- helpers: clock save member
+-- KEYS: 1 tasks, 2 payloads, 3 counters (the sequence), 4 ready, 5 waiting, 6 age, 7 dedup keys
+-- ARGV: 1 request nonce (a retry of this same request reports the tasks it created as created),
+--       2 number of tasks, then 6 values per task:
+--       id, payload JSON, priority, delay in seconds, dedup key ('' for none), max_reclaims
+-- Returns: {created, id, created, id, ...}: created is 1 or 0, id is the created or existing task.
+local K = {tasks = KEYS[1], payloads = KEYS[2], counters = KEYS[3], ready = KEYS[4],
+           waiting = KEYS[5], age = KEYS[6], dedup = KEYS[7]}
+local nonce, count = ARGV[1], tonumber(ARGV[2])
+local now = clock()
+local out = {}
+local made = {}  -- ids this run created (or, on a retry, had created)
+local seq = nil
+
+for i = 0, count - 1 do
+  local b = 3 + i * 6
+  local id, payload, key = ARGV[b], ARGV[b + 1], ARGV[b + 4]
+  local existing = nil
+  local raw = redis.call('HGET', K.tasks, id)
+  if raw then
+    existing = id
+  elseif key ~= '' then
+    existing = redis.call('HGET', K.dedup, key)
+    if existing then raw = redis.call('HGET', K.tasks, existing) end
+  end
+  if existing then
+    local created = 0
+    if not made[existing] and raw and cmsgpack.unpack(raw)[F_REQ] == nonce then
+      created = 1  -- this request's first attempt created it; its reply was lost
+      made[existing] = true
+    end
+    out[#out + 1] = created
+    out[#out + 1] = existing
+  else
+    if not seq then seq = redis.call('HINCRBY', K.counters, 'seq', count) - count end
+    seq = seq + 1
+    local priority, delay = tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
+    local dedup = false
+    if key ~= '' then dedup = key end
+    local rec = {QUEUED, priority, seq, 0, 0, 0, 0, tonumber(ARGV[b + 5]), now, now + delay,
+                 false, false, false, false, false, false, false, nonce, dedup, false, false}
+    if delay > 0 then
+      rec[F_STATE] = SCHEDULED
+      redis.call('ZADD', K.waiting, now + delay, id)
+    else
+      redis.call('ZADD', K.ready, 0, member(rec, id))
+      redis.call('ZADD', K.age, now, id)
+    end
+    if #payload <= INLINE then
+      rec[F_PAYLOAD] = payload
+    else
+      redis.call('HSET', K.payloads, id, payload)
+    end
+    save(K.tasks, id, rec)
+    if dedup then redis.call('HSET', K.dedup, dedup, id) end
+    made[id] = true
+    out[#out + 1] = 1
+    out[#out + 1] = id
+  end
+end
+return out

@@ -1,0 +1,42 @@
+#!lua
+-- fail: record a raised error on a leased task, fenced, in one atomic step: wait for a retry
+-- after retry_in seconds (state failed), or dead-letter it (state dead).
+--
+-- helpers: clock fence save task_reply
+-- KEYS: 1 tasks, 2 payloads, 3 results, 4 progress, 5 checkpoints, 6 errors, 7 counters,
+--       8 leases, 9 waiting, 10 dead
+-- ARGV: 1 task id, 2 token, 3 request nonce, 4 error JSON, 5 retry_in seconds ('' to dead-letter)
+-- Returns: {'ok', task...} with the task as it now stands (the values of get.lua), or
+--          {'replayed', task...} for a retry of this same request, or {'lost', current attempt,
+--          state, reason}, or {'unknown'}.
+local K = {tasks = KEYS[1], payloads = KEYS[2], results = KEYS[3], progress = KEYS[4],
+           checkpoints = KEYS[5], errors = KEYS[6]}
+local counters, leases, waiting, dead = KEYS[7], KEYS[8], KEYS[9], KEYS[10]
+local id, token, nonce, err = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local retry_in = tonumber(ARGV[5])
+local now = clock()
+local rec, refusal = fence(K.tasks, id, token, nonce, now)
+if not rec then
+  if refusal[1] == 'replayed' then
+    return {'replayed', task_reply(K, id, load(K.tasks, id))}
+  end
+  return refusal
+end
+rec[F_FAILURES] = rec[F_FAILURES] + 1
+rec[F_TOKEN] = false
+rec[F_EXPIRES] = false
+rec[F_REQ] = nonce
+if retry_in then
+  rec[F_STATE] = FAILED
+  rec[F_RUNAT] = now + retry_in
+  redis.call('ZADD', waiting, rec[F_RUNAT], id)
+  redis.call('HINCRBY', counters, 'failed', 1)
+else
+  rec[F_STATE] = DEAD
+  rec[F_FINISHED] = now
+  redis.call('ZADD', dead, now, id)
+end
+save(K.tasks, id, rec)
+redis.call('HSET', K.errors, id, err)
+redis.call('ZREM', leases, id)
+return {'ok', task_reply(K, id, rec)}

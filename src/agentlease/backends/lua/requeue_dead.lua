@@ -1,0 +1,34 @@
+#!lua
+-- requeue_dead: put dead-lettered tasks of one queue back in the ready set with fresh reclaim
+-- and failure budgets, in one atomic step. The attempt counter is kept, so fencing stays
+-- monotonic; the last error is kept for the record.
+--
+-- helpers: load save make_ready
+-- KEYS: 1 tasks, 2 counters, 3 ready, 4 age, 5 dead
+-- ARGV: 1 to the front ('1') or the back ('0'), 2 cap, 3 'ids' then the task ids to requeue, or
+--       'all' for the cap longest dead tasks of the queue
+-- Returns: how many tasks were requeued, or nil if the queue does not exist.
+local K = {tasks = KEYS[1], counters = KEYS[2], ready = KEYS[3], age = KEYS[4], dead = KEYS[5]}
+local front, cap = ARGV[1] == '1', tonumber(ARGV[2])
+if redis.call('EXISTS', K.counters) == 0 then return false end
+local ids
+if ARGV[3] == 'ids' then
+  ids = {}
+  for i = 4, #ARGV do ids[#ids + 1] = ARGV[i] end
+else
+  ids = redis.call('ZRANGE', K.dead, 0, cap - 1)
+end
+local count = 0
+for _, id in ipairs(ids) do
+  local rec = load(K.tasks, id)
+  if rec and rec[F_STATE] == DEAD then
+    rec[F_RECLAIMS] = 0
+    rec[F_FAILURES] = 0
+    rec[F_FINISHED] = false
+    make_ready(rec, id, front, K.counters, K.ready, K.age)
+    save(K.tasks, id, rec)
+    redis.call('ZREM', K.dead, id)
+    count = count + 1
+  end
+end
+return count

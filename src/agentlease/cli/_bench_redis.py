@@ -1,0 +1,307 @@
+"""The Redis rows of ``agentlease bench``: a raw baseline, and latency and heartbeat figures.
+
+:class:`RawRedis` is the baseline the library is measured against on Redis: the same client
+(redis-py with hiredis) running a loop of two minimal scripts, with no agentlease in the way.
+The claim script pops ids from a list and marks each leased with an expiry from ``TIME``; the
+complete script checks the mark, removes it and stores the result. That is the least any leased
+queue on Redis does per task; the library's scripts also keep priorities, fencing tokens, attempt
+counters, reaping, dead letters and state counts.
+
+:func:`latency_and_extend` measures what throughput does not show: claim latency with a short
+and with a million-task queue (the cost must not grow with depth), one heartbeat ``extend`` of
+10,000 leases, and a reap with nothing expired beside one with 1,000 expired leases (the
+reaper's cost grows with the expired leases, not with the queue).
+
+Run everything against one server with ``python -m agentlease.cli._bench_redis redis://...``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import statistics
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import click
+import redis
+
+from agentlease._records import TaskSpec
+from agentlease._sync.queue import Queue
+from agentlease.backends import connect
+from agentlease.backends._redis_url import parse
+from agentlease.cli._bench_loops import FILL_CHUNK, LEASE_FOR, Driver, Library, Mode, Target
+from agentlease.cli.bench import Row, Stores, cases, run_bench
+from agentlease.errors import InvalidURL
+
+__all__ = [
+    "RawRedis",
+    "RawRedisTarget",
+    "RedisStores",
+    "compare",
+    "latency_and_extend",
+    "raw_url",
+]
+
+_CLAIM = """
+local ids = redis.call('LPOP', KEYS[1], ARGV[1])
+if not ids then return {} end
+local t = redis.call('TIME')
+local expires = tonumber(t[1]) + tonumber(t[2]) / 1000000 + tonumber(ARGV[2])
+local out = {}
+for i, id in ipairs(ids) do
+  redis.call('HSET', KEYS[2], id, expires)
+  out[2 * i - 1] = id
+  out[2 * i] = redis.call('HGET', KEYS[3], id)
+end
+return out
+"""
+_COMPLETE = """
+if redis.call('HDEL', KEYS[1], ARGV[1]) == 0 then return 0 end
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+return 1
+"""
+
+
+def raw_url(url: str) -> str:
+    """The URL of a fresh raw baseline beside the library's store at ``url`` (own prefix)."""
+    return _with_prefix(url, f"{parse(url).prefix}-raw-{uuid.uuid4().hex[:8]}")
+
+
+def _with_prefix(url: str, prefix: str) -> str:
+    """``url`` with its ``prefix`` option set to ``prefix``."""
+    base, _, query = url.partition("?")
+    options = [o for o in query.split("&") if o and not o.startswith("prefix=")]
+    return f"{base}?{'&'.join([*options, f'prefix={prefix}'])}"
+
+
+def _client(url: str) -> redis.Redis | redis.RedisCluster:
+    options = parse(url)
+    kwargs = options.client_kwargs()
+    return redis.RedisCluster(**kwargs) if options.cluster else redis.Redis(**kwargs)
+
+
+def _drop(url: str, prefix: str) -> None:
+    """Delete every key under ``prefix`` (UNLINK: freed in the background)."""
+    client = _client(url)
+    try:
+        for pattern in (f"{{{prefix}:*", f"{prefix}:*"):
+            batch: list[bytes] = []
+            for key in client.scan_iter(match=pattern, count=1000):
+                batch.append(key)
+                if len(batch) >= 500:
+                    for k in batch:
+                        client.unlink(k)
+                    batch = []
+            for k in batch:
+                client.unlink(k)
+    finally:
+        client.close()
+
+
+class RawRedis:
+    """The raw baseline: two minimal scripts through redis-py, no agentlease.
+
+    Args:
+        url: a ``redis://`` URL; its ``prefix`` names the baseline's keys.
+    """
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.prefix = parse(url).prefix
+        self.client = _client(url)
+        self._claim = self.client.register_script(_CLAIM)
+        self._complete = self.client.register_script(_COMPLETE)
+        self._filled: set[str] = set()
+
+    @classmethod
+    def open(cls, url: str) -> RawRedis:
+        """A baseline driver with a connection of its own (for spawned worker processes)."""
+        return cls(url)
+
+    def _keys(self, queue: str) -> tuple[str, str, str, str]:
+        tag = f"{{{self.prefix}:{queue}}}"
+        return f"{tag}:ready", f"{tag}:leased", f"{tag}:payload", f"{tag}:done"
+
+    def fill(self, queue: str, count: int) -> None:
+        ready, _, payloads, _ = self._keys(queue)
+        self._filled.add(queue)
+        for start in range(0, count, FILL_CHUNK):
+            ids = [uuid.uuid4().hex for _ in range(start, min(count, start + FILL_CHUNK))]
+            pipe = self.client.pipeline(transaction=False)
+            pipe.hset(
+                payloads, mapping={i: json.dumps({"n": start + k}) for k, i in enumerate(ids)}
+            )
+            pipe.rpush(ready, *ids)
+            pipe.execute()
+
+    def drain(self, queue: str, batch: int, mode: Mode) -> int:
+        ready, leased, payloads, done = self._keys(queue)
+        claim, complete = self._claim, self._complete
+        claim_keys, complete_keys = [ready, leased, payloads], [leased, done]
+        claimed = 0
+        while True:
+            reply = claim(keys=claim_keys, args=[batch, LEASE_FOR])
+            if not reply:
+                return claimed
+            claimed += len(reply) // 2
+            if mode == "claim_only":
+                continue
+            for i in range(0, len(reply), 2):
+                if complete(keys=complete_keys, args=[reply[i], ""]) != 1:
+                    raise click.ClickException(f"raw complete of {reply[i]!r} was refused")
+
+    def close(self) -> None:
+        """Delete the queues this driver filled, and close the client."""
+        try:
+            for queue in self._filled:
+                for key in self._keys(queue):
+                    self.client.unlink(key)
+        finally:
+            self.client.close()
+
+
+@dataclass(frozen=True, slots=True)
+class RawRedisTarget(Target):
+    """How a spawned bench process opens the raw Redis baseline."""
+
+    def open(self) -> Driver:
+        if self.kind == "library":
+            return Library(connect(self.url))
+        return RawRedis.open(self.url)
+
+
+class RedisStores(Stores):
+    """The library on ``url`` beside the raw baseline on the same server (its own prefix).
+
+    The library's bench queues are left under the URL's prefix, as on every backend; the
+    baseline deletes its keys on close.
+    """
+
+    def __init__(self, url: str) -> None:
+        raw = raw_url(url)
+        self.kind = "rediss" if parse(url).tls else "redis"
+        self.targets = (RawRedisTarget("library", url), RawRedisTarget("raw", raw))
+        self.library = Library(connect(url))
+        self.raw = RawRedis.open(raw)
+
+
+def compare(url: str, *, tasks: int = 30_000, batch: int = 50, processes: int = 4) -> list[Row]:
+    """The bench rows on ``url``: the library beside the raw baseline, under a fresh prefix."""
+    prefix = f"bench-{uuid.uuid4().hex[:8]}"
+    target = _with_prefix(url, prefix)
+    stores = RedisStores(target)
+    try:
+        return run_bench(stores, cases(processes, batch, "sqlite"), tasks)
+    finally:
+        stores.close()
+        _drop(url, prefix)
+
+
+def _percentiles(samples: list[float]) -> tuple[float, float]:
+    cuts = statistics.quantiles(samples, n=100, method="inclusive")
+    return cuts[49] * 1e3, cuts[98] * 1e3
+
+
+def _fill(q: Queue, queue: str, count: int, chunk: int = 5000) -> None:
+    for start in range(0, count, chunk):
+        stop = min(count, start + chunk)
+        q.enqueue_many(queue, [TaskSpec(payload={"n": i}) for i in range(start, stop)])
+
+
+def _claim_latencies(q: Queue, queues: tuple[str, str], samples: int) -> list[list[float]]:
+    """Seconds of ``samples`` one-task claims from each queue, taken in turns so that both
+    queues see the same machine. Untimed, each job is completed and a new task enqueued, so the
+    depth of each queue stays what it was."""
+    times: list[list[float]] = [[], []]
+    for i in range(samples):
+        for k, queue in enumerate(queues):
+            start = time.perf_counter()
+            (job,) = q.claim(queue)
+            times[k].append(time.perf_counter() - start)
+            q.complete(job.lease)
+            q.enqueue(queue, {"n": i})
+    return times
+
+
+def _used_memory(url: str) -> int:
+    client = _client(url)
+    try:
+        info: Any = client.info("memory")
+        if "used_memory" not in info:  # a cluster answers per node
+            return sum(int(node["used_memory"]) for node in info.values())
+        return int(info["used_memory"])
+    finally:
+        client.close()
+
+
+def latency_and_extend(url: str, *, deep: int = 1_000_000, samples: int = 2_000) -> dict[str, Any]:
+    """Claim latency at two depths, one extend of 10,000 leases, and reaping costs.
+
+    Everything runs under a fresh prefix on ``url``, deleted afterwards.
+
+    Returns:
+        Milliseconds (``*_ms``), the depths measured, and bytes of Redis memory per queued task.
+    """
+    prefix = f"bench-{uuid.uuid4().hex[:8]}"
+    q = Queue(connect(_with_prefix(url, prefix)))
+    out: dict[str, Any] = {"shallow": 1_000, "deep": deep, "samples": samples}
+    log = logging.getLogger("agentlease")
+    level = log.level
+    log.setLevel(logging.ERROR)  # a thousand "reaped" warnings are not the point here
+    try:
+        _fill(q, "shallow", 1_000)
+        before = _used_memory(url)
+        start = time.perf_counter()
+        _fill(q, "deep", deep)
+        out["fill_s"] = round(time.perf_counter() - start, 1)
+        out["bytes_per_task"] = round((_used_memory(url) - before) / deep)
+        _claim_latencies(q, ("shallow", "deep"), 100)  # warm up connections and caches
+        shallow, deep_times = _claim_latencies(q, ("shallow", "deep"), samples)
+        out["claim_p50_ms_1k"], out["claim_p99_ms_1k"] = _percentiles(shallow)
+        out["claim_p50_ms_1m"], out["claim_p99_ms_1m"] = _percentiles(deep_times)
+        out["p50_ratio"] = round(out["claim_p50_ms_1m"] / out["claim_p50_ms_1k"], 3)
+        out["p99_ratio"] = round(out["claim_p99_ms_1m"] / out["claim_p99_ms_1k"], 3)
+
+        leases = [j.lease for _ in range(10) for j in q.claim("deep", 1_000, lease_for=60)]
+        start = time.perf_counter()
+        renewed = q.extend(leases, lease_for=60)
+        out["extend_10k_ms"] = (time.perf_counter() - start) * 1e3
+        assert all(r is not None for r in renewed)
+
+        start = time.perf_counter()
+        assert q.reap("deep") == []
+        out["reap_none_expired_ms"] = (time.perf_counter() - start) * 1e3  # 10k live leases
+        q.claim("deep", 1_000, lease_for=0.05)
+        time.sleep(0.1)
+        start = time.perf_counter()
+        reaped = q.reap("deep")
+        out["reap_1000_expired_ms"] = (time.perf_counter() - start) * 1e3
+        assert len(reaped) == 1_000
+    finally:
+        log.setLevel(level)
+        q.close()
+        _drop(url, prefix)
+    return {k: round(v, 3) if isinstance(v, float) else v for k, v in out.items()}
+
+
+def main(argv: list[str]) -> int:
+    """``python -m agentlease.cli._bench_redis URL [TASKS]``: print every figure as JSON."""
+    if not argv:
+        print("usage: python -m agentlease.cli._bench_redis redis://host:port/0 [tasks]")
+        return 2
+    url = argv[0]
+    if not url.startswith(("redis://", "rediss://")):
+        raise InvalidURL(f"not a Redis URL: {url!r}")
+    tasks = int(argv[1]) if len(argv) > 1 else 30_000
+    rows = compare(url, tasks=tasks)
+    print(json.dumps({"rows": [r.as_json() for r in rows]}, indent=1), flush=True)
+    print(json.dumps(latency_and_extend(url), indent=1), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
