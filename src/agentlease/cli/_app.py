@@ -33,5 +33,5 @@ def backend_option(fn: F) -> F:
         "url",
         default=lambda: os.environ.get("AGENTLEASE_URL", DEFAULT_URL),
         show_default="$AGENTLEASE_URL or " + DEFAULT_URL,
-        help="Store URL: sqlite:///path.db or memory://.",
+        help="Store URL: sqlite:///path.db, redis://host:6379/0, postgresql://user@host/db.",
     )(fn)
