@@ -24,9 +24,7 @@ EMBEDDED = ["memory", "sqlite"]
 ALL_BACKENDS = [*EMBEDDED, "redis", "redis-cluster", "postgres"]
 BACKENDS = [
     b
-    for b in os.environ.get("AGENTLEASE_TEST_BACKENDS", "memory,sqlite,redis,redis-cluster").split(
-        ","
-    )
+    for b in os.environ.get("AGENTLEASE_TEST_BACKENDS", ",".join(ALL_BACKENDS)).split(",")
     if b in ALL_BACKENDS
 ]
 

@@ -36,8 +36,14 @@ def test_bench_json_shape(tmp_path: Path, backend: str | None, kind: str) -> Non
     done = bench(*args, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
 
-    rows = json.loads(done.stdout)  # nothing but the JSON list on stdout
-    assert isinstance(rows, list)
+    everything = json.loads(done.stdout)  # nothing but the JSON list on stdout
+    assert isinstance(everything, list)
+    rows = [r for r in everything if "mode" in r]
+    (versus,) = [r for r in everything if "mode" not in r]
+    assert versus["name"] == "claim+complete, batch 20 vs raw one at a time"
+    assert versus["ratio"] == pytest.approx(
+        versus["ops_per_s"] / versus["baseline_ops_per_s"], abs=1e-3
+    )
     assert len(rows) == 5
     assert len({r["name"] for r in rows}) == 5
     for row in rows:
@@ -69,3 +75,33 @@ def test_bench_bad_backend_exits_2(tmp_path: Path) -> None:
     assert done.stdout == ""
     assert done.stderr.strip().startswith("error: unsupported backend URL")
     assert "\n" not in done.stderr.strip()
+
+
+@pytest.mark.parametrize("kind", ["redis", "postgres"])
+def test_bench_json_on_served_stores(
+    tmp_path: Path, kind: str, request: pytest.FixtureRequest
+) -> None:
+    url = request.getfixturevalue(f"served_url_{kind}")
+    done = bench(
+        "--json",
+        "--tasks",
+        "90",
+        "--processes",
+        "2",
+        "--batch",
+        "10",
+        "--backend",
+        url,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    everything = json.loads(done.stdout)
+    rows = [r for r in everything if "mode" in r]
+    assert len(rows) == 5
+    for row in rows:
+        assert row.keys() >= KEYS
+        assert row["backend"] == ("postgresql" if kind == "postgres" else kind)
+    for row in everything:
+        assert row["ops_per_s"] > 0
+        assert row["baseline_ops_per_s"] > 0
+        assert row["ratio"] == pytest.approx(row["ops_per_s"] / row["baseline_ops_per_s"], abs=1e-3)

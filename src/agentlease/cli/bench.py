@@ -153,7 +153,7 @@ class Stores:
 
 def cases(processes: int, batch: int, kind: str) -> list[Case]:
     """The rows of one run, in order."""
-    singular, plural = ("process", "processes") if kind == "sqlite" else ("thread", "threads")
+    singular, plural = ("thread", "threads") if kind == "memory" else ("process", "processes")
     unit = singular if processes == 1 else plural
     return [
         Case("claim+complete, batching off", "claim_complete"),
@@ -313,14 +313,29 @@ def _scratch(url: str | None) -> Iterator[tuple[str, Path]]:
 @click.option(
     "--batch", type=click.IntRange(2, 10_000), default=50, show_default=True, help="Claim size."
 )
+@click.option(
+    "--latency",
+    is_flag=True,
+    help="Redis/PostgreSQL: also claim latency with 1,000,000 vs 1,000 queued, and one extend "
+    "of 10,000 leases (fills a million tasks: minutes).",
+)
 @reports_errors
-def bench(url: str | None, as_json: bool, tasks: int, processes: int, batch: int) -> None:
+def bench(
+    url: str | None, as_json: bool, tasks: int, processes: int, batch: int, latency: bool
+) -> None:
     """Measure claim+complete throughput through the library beside a raw baseline.
 
     Each row's baseline runs the same store kind and driver with no library: for SQLite the
-    backend's own statements through sqlite3 on a fresh database, for memory the backend's
-    primitives without the client. On a --backend you give, tasks are left in bench-* queues.
+    backend's own statements through sqlite3 on a fresh database; for Redis a minimal claim
+    script and a minimal complete script through redis-py; for PostgreSQL one FOR UPDATE SKIP
+    LOCKED claim statement and one complete statement through psycopg; for memory the backend's
+    primitives without the client. Redis and PostgreSQL rows run in a fresh key prefix or schema,
+    deleted afterwards; on a SQLite --backend, tasks are left in bench-* queues.
     """
+    kind = urlsplit(url).scheme.lower() if url else "sqlite"
+    if kind in SERVED:
+        _bench_served(url or "", kind, as_json, tasks, processes, batch, latency)
+        return
     with _scratch(url) as (target, scratch):
         stores = Stores(target, scratch)
         try:
@@ -345,6 +360,104 @@ def bench(url: str | None, as_json: bool, tasks: int, processes: int, batch: int
         finally:
             stores.close()
     if as_json:
-        print_json([r.as_json() for r in rows])
+        print_json([r.as_json() for r in rows] + _versus_one_at_a_time(rows))
         return
     console.print(_table(rows, target))
+
+
+SERVED = ("redis", "rediss", "postgresql", "postgres")
+
+
+def _bench_served(
+    url: str, kind: str, as_json: bool, tasks: int, processes: int, batch: int, latency: bool
+) -> None:
+    """The rows on Redis or PostgreSQL, each backend's own ``compare`` in fresh namespaces."""
+    if not as_json:
+        err_console.print(f"bench: {tasks} tasks a row on {url} (fresh namespace)", soft_wrap=True)
+    extra: list[dict[str, JSON]] = []
+    if kind.startswith("redis"):
+        from agentlease.cli import _bench_redis
+
+        rows = _bench_redis.compare(url, tasks=tasks, batch=batch, processes=processes)
+        if latency:
+            f = _bench_redis.latency_and_extend(url)
+            extra = _latency_rows(
+                kind,
+                (f["claim_p50_ms_1m"], f["claim_p99_ms_1m"]),
+                (f["claim_p50_ms_1k"], f["claim_p99_ms_1k"]),
+                f["extend_10k_ms"],
+            )
+    else:
+        from agentlease.cli import _bench_postgres
+
+        rows = _bench_postgres.compare(url, tasks, processes=processes, batch=batch)
+        if latency:
+            f = _bench_postgres.latency_and_extend(url)
+            extra = _latency_rows(
+                kind,
+                (f["p50_deep"], f["p99_deep"]),
+                (f["p50_shallow"], f["p99_shallow"]),
+                f["extend_ms"],
+            )
+    if as_json:
+        print_json([r.as_json() for r in rows] + _versus_one_at_a_time(rows) + extra)
+        return
+    console.print(_table(rows, url))
+    for item in _versus_one_at_a_time(rows) + extra:
+        console.print(f"{item['name']}: ratio {item['ratio']}  {item.get('detail', '')}")
+
+
+def _versus_one_at_a_time(rows: list[Row]) -> list[dict[str, JSON]]:
+    """Batched claim+complete through the library against the raw one-at-a-time loop."""
+    off = next(
+        (
+            r
+            for r in rows
+            if r.case.mode == "claim_complete" and r.case.batch == 1 and r.case.workers == 1
+        ),
+        None,
+    )
+    on = next((r for r in rows if r.case.mode == "claim_complete" and r.case.batch > 1), None)
+    if off is None or on is None:
+        return []
+    return [
+        {
+            "name": f"claim+complete, batch {on.case.batch} vs raw one at a time",
+            "backend": on.backend,
+            "ops_per_s": round(on.ops_per_s, 1),
+            "baseline_ops_per_s": round(off.baseline_ops_per_s, 1),
+            "ratio": round(on.ops_per_s / off.baseline_ops_per_s, 3),
+        }
+    ]
+
+
+def _latency_rows(
+    kind: str, deep: tuple[float, float], shallow: tuple[float, float], extend_ms: float
+) -> list[dict[str, JSON]]:
+    """Claim latency (p50, p99 in ms) with 1,000,000 vs 1,000 queued, as rates so that
+    ratio = shallow latency / deep latency, and the one-call extend of 10,000 leases."""
+    p50_deep, p99_deep = deep
+    p50_shallow, p99_shallow = shallow
+    rows: list[dict[str, JSON]] = []
+    for label, d, s in (("p50", p50_deep, p50_shallow), ("p99", p99_deep, p99_shallow)):
+        rows.append(
+            {
+                "name": f"claim latency {label}, 1,000,000 vs 1,000 queued",
+                "backend": kind,
+                "ops_per_s": round(1000 / d, 1) if d else 0.0,
+                "baseline_ops_per_s": round(1000 / s, 1) if s else 0.0,
+                "ratio": round(s / d, 3) if d else 0.0,
+                "detail": f"{d:.3f} ms vs {s:.3f} ms",
+            }
+        )
+    rows.append(
+        {
+            "name": "one extend call for 10,000 leases",
+            "backend": kind,
+            "ops_per_s": round(10_000 / (extend_ms / 1000), 1) if extend_ms else 0.0,
+            "baseline_ops_per_s": None,
+            "ratio": None,
+            "detail": f"{extend_ms:.1f} ms",
+        }
+    )
+    return rows

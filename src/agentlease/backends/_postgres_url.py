@@ -1,0 +1,250 @@
+"""``postgresql://`` URLs: parsed and checked once into :class:`PostgresSettings`.
+
+``agentlease.connect`` and ``connect_async`` come here for the schemes ``postgresql`` and
+``postgres``. A URL is libpq's (user, password, host, port, database, and libpq options such as
+``sslmode``) plus agentlease's own options, which never reach libpq:
+
+=================== ======= ============================================================
+option              default meaning
+=================== ======= ============================================================
+``schema``          public  the schema that holds the tables (created by the migrations)
+``migrate``         true    apply pending migrations on first use (false: only check)
+``pool_min``        1       connections each backend object keeps open
+``pool_max``        10      most connections each backend object opens
+``connect_timeout`` 5       seconds to establish a connection (also libpq's option)
+``pool_timeout``    5       seconds to wait for a pooled connection before giving up
+=================== ======= ============================================================
+
+Unknown options, a malformed URL or a bad value raise :class:`~agentlease.errors.InvalidURL`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+from urllib.parse import SplitResult, parse_qsl, quote, urlencode, urlsplit, urlunsplit
+
+from agentlease.errors import InvalidURL
+
+if TYPE_CHECKING:
+    from agentlease.backends.base import AsyncBackend, Backend
+
+__all__ = ["PostgresSettings", "connect", "connect_async", "parse"]
+
+SCHEMES = ("postgresql", "postgres")
+# libpq connection options that may ride along in the query string (everything else is refused).
+LIBPQ_OPTIONS = frozenset(
+    {
+        "application_name",
+        "channel_binding",
+        "dbname",
+        "gssencmode",
+        "host",
+        "hostaddr",
+        "keepalives",
+        "keepalives_count",
+        "keepalives_idle",
+        "keepalives_interval",
+        "krbsrvname",
+        "load_balance_hosts",
+        "passfile",
+        "password",
+        "port",
+        "require_auth",
+        "service",
+        "sslcert",
+        "sslcrl",
+        "sslkey",
+        "sslmode",
+        "sslpassword",
+        "sslrootcert",
+        "target_session_attrs",
+        "tcp_user_timeout",
+        "user",
+    }
+)
+OWN_OPTIONS = frozenset(
+    {"schema", "migrate", "pool_min", "pool_max", "connect_timeout", "pool_timeout"}
+)
+# Every query of the backend is an index lookup (a partial index by queue, or the primary key,
+# with nested loops for joins against a list of ids). Stated for the planner, so that a plan made
+# while a table was small, or with stale statistics, never becomes a scan of every task; and no
+# JIT, whose compile time is larger than any of these statements.
+PLANNER = (
+    "-c enable_seqscan=off -c enable_bitmapscan=off -c enable_hashjoin=off "
+    "-c enable_mergejoin=off -c jit=off"
+)
+_SCHEMA = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+@dataclass(frozen=True, slots=True)
+class PostgresSettings:
+    """Everything a PostgreSQL backend needs, checked once.
+
+    Attributes:
+        url: the URL as given (it may hold a password: never print it; use ``display``).
+        display: the URL without its password, for messages.
+        conninfo: what libpq receives (the URL without agentlease's options).
+        schema: where the tables live; first on every connection's search_path.
+        migrate: apply pending migrations on first use (otherwise only check for them).
+        pool_min: connections kept open per backend object.
+        pool_max: most connections per backend object.
+        connect_timeout: seconds to establish one connection.
+        pool_timeout: seconds to wait for a pooled connection.
+    """
+
+    url: str
+    display: str
+    conninfo: str
+    schema: str = "public"
+    migrate: bool = True
+    pool_min: int = 1
+    pool_max: int = 10
+    connect_timeout: float = 5.0
+    pool_timeout: float = 5.0
+
+    def connect_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of every connection: autocommit, timeout, search_path, and index
+        plans only (see :data:`PLANNER`)."""
+        return {
+            "autocommit": True,
+            # libpq counts whole seconds, at least 2; psycopg enforces the same bound in Python.
+            "connect_timeout": max(2, math.ceil(self.connect_timeout)),
+            "options": f"-c search_path={self.schema} {PLANNER}",
+        }
+
+    def with_schema(self, schema: str) -> PostgresSettings:
+        """The same server and options, another schema (validated)."""
+        return parse(_replace_option(self.url, "schema", schema))
+
+
+def _replace_option(url: str, key: str, value: str) -> str:
+    parts = urlsplit(url)
+    query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k != key]
+    query.append((key, value))
+    return urlunsplit(parts._replace(query=urlencode(query)))
+
+
+def _number(options: dict[str, str], key: str, default: float, low: float) -> float:
+    raw = options.get(key)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < low or value > 3600:
+        raise InvalidURL(f"{key} must be a number of seconds from {low:g} to 3600, not {raw!r}")
+    return value
+
+
+def _integer(options: dict[str, str], key: str, default: int, low: int) -> int:
+    raw = options.get(key)
+    if raw is None:
+        return default
+    if not raw.isdigit() or not low <= int(raw) <= 1000:
+        raise InvalidURL(f"{key} must be an integer from {low} to 1000, not {raw!r}")
+    return int(raw)
+
+
+def _redacted(parts: SplitResult) -> str:
+    netloc = parts.netloc
+    if parts.password is not None:
+        user = quote(parts.username or "", safe="")
+        host = netloc.rpartition("@")[2]
+        netloc = f"{user}:***@{host}"
+    query = [(k, v) for k, v in parse_qsl(parts.query) if k not in ("password", "sslpassword")]
+    return urlunsplit(parts._replace(netloc=netloc, query=urlencode(query)))
+
+
+def parse(url: str) -> PostgresSettings:
+    """Check a ``postgresql://`` URL and split it into libpq's part and agentlease's options.
+
+    Raises:
+        InvalidURL: malformed, another scheme, an unknown option or a bad value.
+    """
+    if not isinstance(url, str) or not url:
+        raise InvalidURL(f"backend URL must be a non-empty str, not {url!r}")
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError on a bad port
+    except ValueError as exc:
+        raise InvalidURL(f"malformed PostgreSQL URL: {exc}") from None
+    if parts.scheme.lower() not in SCHEMES:
+        raise InvalidURL(f"not a PostgreSQL URL (postgresql://user@host/db): {url!r}")
+    if parts.fragment:
+        raise InvalidURL("PostgreSQL URLs take no #fragment")
+    if parts.path.count("/") > 1:
+        raise InvalidURL(f"the URL path names one database (/dbname), not {parts.path!r}")
+    try:
+        pairs = parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query))
+    except ValueError as exc:
+        raise InvalidURL(f"malformed options in PostgreSQL URL: {exc}") from None
+    options: dict[str, str] = {}
+    for key, value in pairs:
+        if key in options:
+            raise InvalidURL(f"option {key!r} is given twice")
+        if key not in OWN_OPTIONS and key not in LIBPQ_OPTIONS:
+            known = ", ".join(sorted(OWN_OPTIONS | LIBPQ_OPTIONS))
+            raise InvalidURL(f"unknown PostgreSQL URL option {key!r}; known options: {known}")
+        options[key] = value
+
+    schema = options.get("schema", "public")
+    if not _SCHEMA.match(schema) or schema.startswith("pg_"):
+        raise InvalidURL(
+            f"schema must be a lowercase identifier (a-z, 0-9, _; at most 63 characters; not "
+            f"pg_*), not {schema!r}"
+        )
+    migrate = options.get("migrate", "true").lower()
+    if migrate not in _TRUE | _FALSE:
+        raise InvalidURL(f"migrate must be true or false, not {options['migrate']!r}")
+    pool_min = _integer(options, "pool_min", 1, 0)
+    pool_max = _integer(options, "pool_max", max(10, pool_min), 1)
+    if pool_min > pool_max:
+        raise InvalidURL(f"pool_min ({pool_min}) is larger than pool_max ({pool_max})")
+
+    libpq = [(k, v) for k, v in pairs if k not in OWN_OPTIONS]
+    conninfo = urlunsplit(parts._replace(scheme="postgresql", query=urlencode(libpq)))
+    return PostgresSettings(
+        url=url,
+        display=_redacted(parts),
+        conninfo=conninfo,
+        schema=schema,
+        migrate=migrate in _TRUE,
+        pool_min=pool_min,
+        pool_max=pool_max,
+        connect_timeout=_number(options, "connect_timeout", 5.0, 0.1),
+        pool_timeout=_number(options, "pool_timeout", 5.0, 0.01),
+    )
+
+
+def connect(url: str) -> Backend:
+    """Open the synchronous backend: connect once now to migrate (or check) the schema, so that
+    a wrong URL, password or schema fails here; the pool opens on the first call.
+
+    Raises:
+        InvalidURL: see :func:`parse`.
+        BackendUnavailable: the server cannot be reached, or refused the login.
+        BackendError: the schema lacks the tables and ``migrate=false``.
+    """
+    from agentlease.backends._sync.postgres_backend import PostgresBackend
+    from agentlease.backends._sync.postgres_schema import migrate
+
+    settings = parse(url)
+    migrate(settings, apply=settings.migrate)
+    return PostgresBackend(settings, migrated=True)
+
+
+def connect_async(url: str) -> AsyncBackend:
+    """The asyncio backend; it connects (and migrates) on first use, inside the event loop.
+
+    Raises:
+        InvalidURL: see :func:`parse` (connection errors surface at the first call).
+    """
+    from agentlease.backends._async.postgres_backend import AsyncPostgresBackend
+
+    return AsyncPostgresBackend(parse(url))

@@ -1,0 +1,423 @@
+# Generated from agentlease/backends/_async/postgres_backend.py by scripts/unasync.py. DO NOT EDIT.
+# Edit the asyncio source and run: python scripts/unasync.py
+"""The PostgreSQL backend: many machines, one table, transactional with the user's own data.
+
+Atomicity: every primitive is ONE SQL statement (named in ``sql/postgres.sql``) on a pooled
+connection in autocommit mode, so each is its own transaction and one round trip:
+
+* ``claim`` calls ``agentlease_claim()`` (``sql/postgres_migrations``), which in one transaction
+  promotes due tasks, reaps expired leases and then leases up to ``n`` tasks with a MATERIALIZED
+  CTE (``FOR UPDATE SKIP LOCKED`` + ``LIMIT``) and one ``UPDATE ... RETURNING``; each step sees
+  the one before, so the task a claim reaps goes to the front and this same claim may lease it.
+* every holder write (complete, fail, release, progress, extend) compares the token (which
+  exists only while the task is leased) and ``expires_at > clock_timestamp()`` in its single
+  ``UPDATE``; when no row matched, a second read says why, for
+  :class:`~agentlease.errors.LeaseLost`. ``extend`` renews many leases in one call of
+  ``agentlease_extend()`` (two arrays: ids and tokens), one transaction at one clock reading.
+* ``enqueue`` inserts the whole batch in one statement (all or nothing); writes that make work
+  ready send ``pg_notify`` in that same statement, delivered only if it commits.
+
+Concurrent claims never wait on each other (SKIP LOCKED); a holder's write and a reaper meet on
+the row lock, and the loser re-checks the row and finds it has moved on. All times come from
+``clock_timestamp()``: the client's clock never decides a lease.
+
+Connections: a psycopg pool per backend object (``pool_min``/``pool_max``), every connection with
+``search_path`` set to the URL's schema; a connection the server closed while it sat idle (a
+restart) is dropped before use. A backend migrates (or checks) its schema on first use.
+
+Durability: an acknowledged claim, and so its attempt number, survives a server crash only if
+its commit was flushed: keep ``synchronous_commit`` on (PostgreSQL's default). With it off, a
+crash can forget acknowledged claims and hand the same attempt number out twice.
+
+Written once for asyncio; ``backends/_sync/postgres_backend.py`` is generated from it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, LiteralString
+
+import psycopg
+from psycopg import Connection
+from psycopg_pool import ConnectionPool
+
+from agentlease._records import (
+    Enqueued,
+    Job,
+    Lease,
+    LeaseInfo,
+    LeaseTerms,
+    NewTask,
+    QueueStats,
+    Reaped,
+    Task,
+)
+from agentlease.backends import _postgres_driver as pg
+from agentlease.backends._postgres_driver import (
+    AsyncFace,
+    Q,
+    async_face,
+    channel,
+    configure,
+    stale,
+    sync_face,
+    task,
+    translate,
+)
+from agentlease.backends._postgres_url import PostgresSettings
+from agentlease.backends.base import Backend
+from agentlease.errors import BackendUnavailable, LeaseLost, UnknownQueue, UnknownTask
+
+from .postgres_listener import Listener
+from .postgres_schema import migrate
+
+__all__ = ["PostgresBackend"]
+
+Row = tuple[Any, ...]
+STATES = ("scheduled", "queued", "leased", "failed", "done", "dead")
+
+
+def _configure(conn: Connection[Any]) -> None:
+    configure(conn)
+
+
+class PostgresBackend:
+    """Tasks in one PostgreSQL schema, shared by every process that opens the same URL.
+
+    Args:
+        settings: the parsed URL (see :mod:`agentlease.backends._postgres_url`).
+        migrated: the schema is known to be up to date (a twin of an opened backend).
+    """
+
+    def __init__(self, settings: PostgresSettings, *, migrated: bool = False) -> None:
+        self.url = settings.url
+        self.settings = settings
+        self._migrated = migrated
+        self._pool: ConnectionPool[Connection[Any]] | None = None
+        self._lock = pg.sync_lock()
+        self._closed = False
+        self._listener = Listener(settings)
+
+    # -- connections ----------------------------------------------------------------------------
+
+    def open(self) -> None:
+        """Migrate (or check) the schema and open the pool now instead of at the first call.
+
+        Raises:
+            BackendUnavailable: the server cannot be reached, or refused the login.
+            BackendError: the schema lacks the tables and the URL says ``migrate=false``.
+        """
+        self._ready()
+
+    def _ready(self) -> ConnectionPool[Connection[Any]]:
+        with self._lock:
+            if self._pool is not None:
+                return self._pool
+            if self._closed:
+                raise BackendUnavailable(f"PostgreSQL {self.settings.display}: backend closed")
+            settings = self.settings
+            if not self._migrated:
+                migrate(settings, apply=settings.migrate)
+                self._migrated = True
+            pool: ConnectionPool[Connection[Any]] = ConnectionPool(
+                settings.conninfo,
+                kwargs=settings.connect_kwargs(),
+                min_size=settings.pool_min,
+                max_size=settings.pool_max,
+                open=False,
+                configure=_configure,
+                timeout=settings.pool_timeout,
+                name=f"agentlease:{settings.schema}",
+                num_workers=2,
+            )
+            try:
+                pool.open(wait=False)
+            except psycopg.Error as exc:
+                raise translate(settings, exc) from exc
+            self._pool = pool
+            return pool
+
+    def _conn(self, pool: ConnectionPool[Connection[Any]]) -> Connection[Any]:
+        conn = pool.getconn()
+        while stale(conn):  # killed while idle (a server restart): replace it, don't fail
+            conn.close()
+            pool.putconn(conn)
+            conn = pool.getconn()
+        return conn
+
+    def _fetch(
+        self,
+        query: LiteralString,
+        params: Mapping[str, Any] | None = None,
+    ) -> list[Row]:
+        """Run one statement and return its rows; psycopg errors are translated here."""
+        pool = self._pool or self._ready()
+        try:
+            conn = self._conn(pool)
+            try:
+                cur = conn.execute(query, params)
+                return cur.fetchall()
+            finally:
+                pool.putconn(conn)
+        except psycopg.Error as exc:
+            raise translate(self.settings, exc) from exc
+
+    def _write(self, query: LiteralString, params: Mapping[str, Any]) -> int:
+        """Run one statement that returns no rows; how many rows it changed."""
+        pool = self._pool or self._ready()
+        try:
+            conn = self._conn(pool)
+            try:
+                cur = conn.execute(query, params)
+                return cur.rowcount
+            finally:
+                pool.putconn(conn)
+        except psycopg.Error as exc:
+            raise translate(self.settings, exc) from exc
+
+    def _channel(self, queue: str) -> str:
+        return channel(self.settings.schema, queue)
+
+    def _lost(self, lease: Lease) -> LeaseLost | UnknownTask:
+        rows = self._fetch(Q["fence_state"], {"id": lease.task_id})
+        if not rows:
+            return UnknownTask(lease.task_id)
+        attempt, state, token, live = rows[0]
+        if state != "leased":
+            reason = f"task is {state}"
+        elif token != lease.token:
+            reason = "token replaced"
+        elif not live:
+            reason = "lease expired"
+        else:
+            reason = "lease no longer held"
+        return LeaseLost(lease.task_id, lease.attempt, attempt, state, reason=reason)
+
+    @staticmethod
+    def _fence(lease: Lease) -> dict[str, Any]:
+        return {"id": lease.task_id, "token": lease.token}
+
+    # -- primitives -----------------------------------------------------------------------------
+
+    def now(self) -> float:
+        ((now,),) = self._fetch(Q["now"])
+        return float(now)
+
+    def enqueue(self, tasks: Sequence[NewTask]) -> list[Enqueued]:
+        if not tasks:
+            return []
+        batch = {
+            "id": [t.id for t in tasks],
+            "queue": [t.queue for t in tasks],
+            "priority": [t.priority for t in tasks],
+            "payload": [t.payload_json for t in tasks],
+            "dedup_key": [t.dedup_key for t in tasks],
+            "max_reclaims": [t.max_reclaims for t in tasks],
+            "delay": [float(t.delay) for t in tasks],
+            "channels": sorted({self._channel(t.queue) for t in tasks}),
+        }
+        ((ids, queues, keys, _),) = self._fetch(Q["enqueue"], batch)
+        created = list(zip(ids, queues, keys, strict=True))
+        if len(created) == len(tasks):
+            return [Enqueued(spec.id, True) for spec in tasks]
+        return self._resolve(tasks, created)
+
+    def _resolve(
+        self, tasks: Sequence[NewTask], created: list[tuple[str, str, str | None]]
+    ) -> list[Enqueued]:
+        """Name, for each spec in batch order, whether it was created or which task it met.
+
+        As if the batch were enqueued one spec at a time: a spec that was skipped met a task
+        that existed before the batch or was created by an earlier spec (same id first, then
+        same dedup key in its queue). Created rows are told apart by (id, queue, dedup key),
+        since a spec skipped for its dedup key may share its id with a later one that was not.
+        """
+        fresh = set(created)
+        rows = self._fetch(
+            Q["find_existing"],
+            {
+                "id": [spec.id for spec in tasks],
+                "queue": [spec.queue for spec in tasks if spec.dedup_key is not None],
+                "dedup_key": [spec.dedup_key for spec in tasks if spec.dedup_key is not None],
+            },
+        )
+        made = {task_id for task_id, _, _ in created}
+        by_id = {task_id for task_id, _, _ in rows if task_id not in made}
+        by_key = {
+            (q, k): task_id for task_id, q, k in rows if k is not None and task_id not in made
+        }
+        out: list[Enqueued] = []
+        for spec in tasks:
+            key = (spec.id, spec.queue, spec.dedup_key)
+            if key in fresh:
+                fresh.discard(key)
+                out.append(Enqueued(spec.id, True))
+                by_id.add(spec.id)
+                if spec.dedup_key is not None:
+                    by_key[(spec.queue, spec.dedup_key)] = spec.id
+            elif spec.id in by_id:
+                out.append(Enqueued(spec.id, False))
+            else:
+                found = by_key.get((spec.queue, spec.dedup_key or ""), spec.id)
+                out.append(Enqueued(found, False))
+        return out
+
+    def claim(self, queue: str, n: int, terms: LeaseTerms) -> tuple[list[Job], list[Reaped]]:
+        rows = self._fetch(
+            Q["claim"],
+            {
+                "queue": queue,
+                "n": n,
+                "lease_for": terms.lease_for,
+                "max_total": terms.max_total,
+                "progress_timeout": terms.progress_timeout,
+                "front": terms.reap_front,
+            },
+        )
+        jobs: list[Job] = []
+        reaped: list[Reaped] = []
+        for task_id, outcome, token, attempt, payload, checkpoint, *rest in rows:
+            if outcome is None:
+                priority, failures, reclaims, leased_at, expires_at = rest
+                lease = Lease(task_id, queue, token, attempt, leased_at, expires_at)
+                jobs.append(Job(lease, payload, checkpoint, priority, failures, reclaims))
+            else:
+                reaped.append(Reaped(task_id, queue, attempt, outcome))
+        return jobs, reaped
+
+    def extend(self, leases: Sequence[Lease], lease_for: float) -> list[Lease | None]:
+        if not leases:
+            return []
+        rows = self._fetch(
+            Q["extend"],
+            {
+                "id": [lease.task_id for lease in leases],
+                "token": [lease.token for lease in leases],
+                "lease_for": lease_for,
+            },
+        )
+        renewed = {(task_id, token): expires for task_id, token, expires in rows}
+        out: list[Lease | None] = []
+        for lease in leases:
+            expires = renewed.get((lease.task_id, lease.token))
+            out.append(
+                None
+                if expires is None
+                else Lease(
+                    lease.task_id,
+                    lease.queue,
+                    lease.token,
+                    lease.attempt,
+                    lease.leased_at,
+                    expires,
+                )
+            )
+        return out
+
+    def complete(self, lease: Lease, result_json: bytes | None) -> None:
+        params = self._fence(lease)
+        params["result"] = result_json
+        if self._write(Q["complete"], params) != 1:
+            raise self._lost(lease)
+
+    def fail(self, lease: Lease, error_json: bytes, retry_in: float | None) -> Task:
+        params = self._fence(lease)
+        params["error"] = error_json
+        if retry_in is None:
+            rows = self._fetch(Q["fail_dead"], params)
+        else:
+            params["retry_in"] = float(retry_in)
+            params["channel"] = self._channel(lease.queue)
+            rows = self._fetch(Q["fail_retry"], params)
+        if not rows:
+            raise self._lost(lease)
+        return task(rows[0])
+
+    def release(self, lease: Lease, front: bool) -> None:
+        params = self._fence(lease)
+        params["front"] = front
+        params["channel"] = self._channel(lease.queue)
+        ((released,),) = self._fetch(Q["release"], params)
+        if released != 1:
+            raise self._lost(lease)
+
+    def progress(
+        self, lease: Lease, progress_json: bytes | None, checkpoint_json: bytes | None
+    ) -> None:
+        params = self._fence(lease)
+        params["progress"] = progress_json
+        params["checkpoint"] = checkpoint_json
+        if self._write(Q["progress"], params) != 1:
+            raise self._lost(lease)
+
+    def reap(self, queue: str, front: bool) -> list[Reaped]:
+        rows = self._fetch(Q["reap"], {"queue": queue, "front": front})
+        return [Reaped(task_id, queue, attempt, outcome) for task_id, attempt, outcome in rows]
+
+    def get(self, task_id: str) -> Task:
+        rows = self._fetch(Q["get"], {"id": task_id})
+        if not rows:
+            raise UnknownTask(task_id)
+        return task(rows[0])
+
+    def stats(self, queue: str) -> QueueStats:
+        ((exists, now, *numbers, oldest),) = self._fetch(Q["stats"], {"queue": queue})
+        if not exists:
+            raise UnknownQueue(queue)
+        counts = {state: n for state, n in zip(STATES, numbers, strict=True) if n}
+        return QueueStats(queue, counts, oldest, now)
+
+    def queues(self) -> list[str]:
+        return [name for (name,) in self._fetch(Q["queues"])]
+
+    def inspect(self, queue: str, limit: int) -> list[LeaseInfo]:
+        rows = self._fetch(Q["inspect"], {"queue": queue, "limit": limit})
+        if not rows:
+            raise UnknownQueue(queue)
+        return [
+            LeaseInfo(task_id, attempt, now - leased_at, expires_at - now, reclaims, failures)
+            for now, task_id, attempt, leased_at, expires_at, reclaims, failures in rows
+            if task_id is not None
+        ]
+
+    def dead(self, queue: str, limit: int) -> list[Task]:
+        rows = self._fetch(Q["dead"], {"queue": queue, "limit": limit})
+        if not rows:
+            raise UnknownQueue(queue)
+        return [task(row) for row in rows if row[0] is not None]
+
+    def requeue_dead(self, queue: str, task_ids: Sequence[str] | None, front: bool) -> int:
+        params = {
+            "queue": queue,
+            "all": task_ids is None,
+            "ids": [] if task_ids is None else list(task_ids),
+            "front": front,
+            "channel": self._channel(queue),
+        }
+        ((exists, requeued, _),) = self._fetch(Q["requeue_dead"], params)
+        if not exists:
+            raise UnknownQueue(queue)
+        return int(requeued)
+
+    def wait_for_work(self, queue: str, timeout: float) -> None:
+        """Return when ``queue`` is notified (LISTEN/NOTIFY) or after ``timeout`` seconds."""
+        self._listener.wait(queue, timeout)
+
+    def close(self) -> None:
+        """Close the pool and the listening connection; later calls raise BackendUnavailable."""
+        self._closed = True
+        self._listener.close()
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.close()
+
+    # -- twins ----------------------------------------------------------------------------------
+
+    def open_sync(self) -> Backend:
+        """A synchronous backend on the same database, with its own pool (opened on first use)."""
+        return sync_face(self.settings, migrated=self._migrated)
+
+    def open_async(self) -> AsyncFace:
+        """An asyncio backend on the same database, with its own pool (opened on first use)."""
+        return async_face(self.settings, migrated=self._migrated)

@@ -1,0 +1,225 @@
+-- Named queries of the PostgreSQL backend (psycopg placeholders: %(name)s).
+--
+-- Every query is written to be answered by an index (a partial index by queue, or the primary
+-- key), and the backend's connections run with sequential scans, bitmap scans, hash and merge
+-- joins off (_postgres_url.PLANNER), so a plan made while the table was small, or with stale
+-- statistics, never turns into a scan of every task once it is large.
+--
+-- The tables live in the URL's schema, which every connection puts first on its search_path; the
+-- schema itself is created by the files in postgres_migrations/. Every query here is ONE
+-- statement, so it is atomic on its own (the connections run in autocommit mode). Times come from
+-- clock_timestamp() inside the statement and cross the seam as epoch seconds (float8). JSON
+-- columns hold the exact bytes the client encoded.
+--
+-- Holder writes are fenced by "id = $id AND token = $token AND expires_at > clock_timestamp()":
+-- a token exists only while its task is leased (constraint agentlease_tasks_token), so that is
+-- "the caller's lease is the live one", matched through the primary key.
+
+-- name: now
+SELECT extract(epoch FROM clock_timestamp())::float8;
+
+-- name: enqueue
+-- All or nothing: one statement registers the queues, inserts every new task in batch order (a
+-- task whose id exists, or whose dedup key exists in its queue, is skipped) and notifies idle
+-- workers; the notification is delivered when the statement commits. Returns who was created
+-- as three aligned arrays (id, queue, dedup key).
+WITH c AS MATERIALIZED (
+    SELECT clock_timestamp() AS now
+), queues AS (
+    INSERT INTO agentlease_queues (name)
+    SELECT DISTINCT name FROM unnest(%(queue)s::text[]) AS q(name)
+    ON CONFLICT DO NOTHING
+), created AS (
+    INSERT INTO agentlease_tasks
+        (id, queue, state, priority, seq, payload, dedup_key, max_reclaims, created_at, run_at)
+    SELECT i.id, i.queue, CASE WHEN i.delay > 0 THEN 'scheduled' ELSE 'queued' END, i.priority,
+           nextval('agentlease_seq'), i.payload, i.dedup_key, i.max_reclaims, c.now,
+           c.now + make_interval(secs => i.delay)
+    FROM c, unnest(
+        %(id)s::text[], %(queue)s::text[], %(priority)s::integer[], %(payload)s::json[],
+        %(dedup_key)s::text[], %(max_reclaims)s::integer[], %(delay)s::float8[]
+    ) WITH ORDINALITY AS i(id, queue, priority, payload, dedup_key, max_reclaims, delay, ord)
+    ORDER BY i.ord
+    ON CONFLICT DO NOTHING
+    RETURNING id, queue, dedup_key
+)
+SELECT array(SELECT id FROM created), array(SELECT queue FROM created),
+       array(SELECT dedup_key FROM created),
+       (SELECT count(pg_notify(ch, '')) FROM unnest(%(channels)s::text[]) AS n(ch));
+
+-- name: find_existing
+-- Two index lookups (primary key; the dedup index), not one OR that only a table scan answers.
+SELECT id, queue, dedup_key FROM agentlease_tasks WHERE id = ANY(%(id)s::text[])
+UNION
+SELECT t.id, t.queue, t.dedup_key
+FROM unnest(%(queue)s::text[], %(dedup_key)s::text[]) AS k(queue, dedup_key)
+JOIN agentlease_tasks t ON t.queue = k.queue AND t.dedup_key = k.dedup_key;
+
+-- name: claim
+SELECT task_id, reaped, token, attempt, payload, checkpoint, priority, failures, reclaims,
+       leased_at, expires_at
+FROM agentlease_claim(
+    %(queue)s::text, %(n)s::integer, %(lease_for)s::float8, %(max_total)s::float8,
+    %(progress_timeout)s::float8, %(front)s::boolean
+);
+
+-- name: reap
+SELECT task_id, attempt, outcome
+FROM agentlease_reap(%(queue)s::text, %(front)s::boolean, clock_timestamp());
+
+-- name: extend
+-- Many leases in one statement (see agentlease_extend).
+SELECT task_id, token, expires_at
+FROM agentlease_extend(%(id)s::text[], %(token)s::text[], %(lease_for)s::float8);
+
+-- name: complete
+UPDATE agentlease_tasks
+SET state = 'done', result = %(result)s::json, finished_at = clock_timestamp(), token = NULL,
+    expires_at = NULL
+WHERE id = %(id)s AND token = %(token)s AND expires_at > clock_timestamp();
+
+-- name: fail_retry
+-- Notifies idle workers in the same statement (delivered at commit).
+WITH failed AS (
+    UPDATE agentlease_tasks
+    SET state = 'failed', failures = failures + 1, error = %(error)s::json,
+        run_at = clock_timestamp() + make_interval(secs => %(retry_in)s::float8),
+        token = NULL, expires_at = NULL
+    WHERE id = %(id)s AND token = %(token)s AND expires_at > clock_timestamp()
+    RETURNING *
+)
+SELECT f.id, f.queue, f.state, f.priority, f.payload, f.attempt, f.reclaims, f.failures,
+       f.max_reclaims, extract(epoch FROM f.created_at)::float8,
+       extract(epoch FROM f.run_at)::float8, f.dedup_key, extract(epoch FROM f.leased_at)::float8,
+       extract(epoch FROM f.expires_at)::float8, extract(epoch FROM f.finished_at)::float8,
+       f.progress, f.checkpoint, f.result, f.error, pg_notify(%(channel)s, '')::text
+FROM failed f;
+
+-- name: fail_dead
+UPDATE agentlease_tasks
+SET state = 'dead', failures = failures + 1, error = %(error)s::json,
+    finished_at = clock_timestamp(), token = NULL, expires_at = NULL
+WHERE id = %(id)s AND token = %(token)s AND expires_at > clock_timestamp()
+RETURNING id, queue, state, priority, payload, attempt, reclaims, failures, max_reclaims,
+          extract(epoch FROM created_at)::float8, extract(epoch FROM run_at)::float8, dedup_key,
+          extract(epoch FROM leased_at)::float8, extract(epoch FROM expires_at)::float8,
+          extract(epoch FROM finished_at)::float8, progress, checkpoint, result, error;
+
+-- name: release
+-- Notifies idle workers in the same statement (delivered at commit).
+WITH released AS (
+    UPDATE agentlease_tasks
+    SET state = 'queued', token = NULL, expires_at = NULL,
+        seq = CASE WHEN %(front)s::boolean THEN agentlease_front(seq)
+                   ELSE nextval('agentlease_seq') END
+    WHERE id = %(id)s AND token = %(token)s AND expires_at > clock_timestamp()
+    RETURNING id
+)
+SELECT count(pg_notify(%(channel)s, '')) FROM released;
+
+-- name: progress
+UPDATE agentlease_tasks
+SET progress = %(progress)s::json, checkpoint = coalesce(%(checkpoint)s::json, checkpoint),
+    progressed_at = clock_timestamp()
+WHERE id = %(id)s AND token = %(token)s AND expires_at > clock_timestamp();
+
+-- name: fence_state
+-- Why a fenced write was refused: read after the refusal, in a statement of its own.
+SELECT attempt, state, token, expires_at > clock_timestamp() FROM agentlease_tasks
+WHERE id = %(id)s;
+
+-- name: get
+SELECT id, queue, state, priority, payload, attempt, reclaims, failures, max_reclaims,
+       extract(epoch FROM created_at)::float8, extract(epoch FROM run_at)::float8, dedup_key,
+       extract(epoch FROM leased_at)::float8, extract(epoch FROM expires_at)::float8,
+       extract(epoch FROM finished_at)::float8, progress, checkpoint, result, error
+FROM agentlease_tasks WHERE id = %(id)s;
+
+-- name: stats
+-- One statement, so one snapshot for every count; each count reads one partial index.
+SELECT EXISTS (SELECT 1 FROM agentlease_queues WHERE name = %(queue)s),
+       extract(epoch FROM c.now)::float8,
+       (SELECT count(*) FROM agentlease_tasks WHERE queue = %(queue)s AND state = 'scheduled'),
+       (SELECT count(*) FROM agentlease_tasks WHERE queue = %(queue)s AND state = 'queued'),
+       (SELECT count(*) FROM agentlease_tasks WHERE queue = %(queue)s AND state = 'leased'),
+       (SELECT count(*) FROM agentlease_tasks WHERE queue = %(queue)s AND state = 'failed'),
+       (SELECT count(*) FROM agentlease_tasks WHERE queue = %(queue)s AND state = 'done'),
+       (SELECT count(*) FROM agentlease_tasks WHERE queue = %(queue)s AND state = 'dead'),
+       (SELECT extract(epoch FROM c.now - min(created_at))::float8 FROM agentlease_tasks
+        WHERE queue = %(queue)s AND state = 'queued')
+FROM (SELECT clock_timestamp() AS now) c;
+
+-- name: queues
+SELECT name FROM agentlease_queues ORDER BY name;
+
+-- name: inspect
+-- One row with NULLs after the first column when the queue has no live lease; none when the
+-- queue does not exist.
+SELECT q.now, l.id, l.attempt, l.leased_at, l.expires_at, l.reclaims, l.failures
+FROM (
+    SELECT name, extract(epoch FROM clock_timestamp())::float8 AS now, clock_timestamp() AS ts
+    FROM agentlease_queues WHERE name = %(queue)s
+) q
+LEFT JOIN LATERAL (
+    SELECT id, attempt, extract(epoch FROM leased_at)::float8 AS leased_at,
+           extract(epoch FROM expires_at)::float8 AS expires_at, reclaims, failures
+    FROM agentlease_tasks
+    WHERE queue = q.name AND state = 'leased' AND expires_at > q.ts
+    ORDER BY expires_at, id
+    LIMIT %(limit)s
+) l ON true;
+
+-- name: dead
+-- One row of NULLs when the queue has no dead letters; none when the queue does not exist.
+SELECT t.id, t.queue, t.state, t.priority, t.payload, t.attempt, t.reclaims, t.failures,
+       t.max_reclaims, extract(epoch FROM t.created_at)::float8,
+       extract(epoch FROM t.run_at)::float8, t.dedup_key,
+       extract(epoch FROM t.leased_at)::float8, extract(epoch FROM t.expires_at)::float8,
+       extract(epoch FROM t.finished_at)::float8, t.progress, t.checkpoint, t.result, t.error
+FROM agentlease_queues q
+LEFT JOIN LATERAL (
+    SELECT * FROM agentlease_tasks d
+    WHERE d.queue = q.name AND d.state = 'dead'
+    ORDER BY d.finished_at DESC, d.id
+    LIMIT %(limit)s
+) t ON true
+WHERE q.name = %(queue)s;
+
+-- name: requeue_dead
+-- Fresh budgets, attempt kept (fencing stays monotonic); notifies idle workers if any moved.
+WITH q AS (
+    SELECT name FROM agentlease_queues WHERE name = %(queue)s
+), requeued AS (
+    UPDATE agentlease_tasks
+    SET state = 'queued', reclaims = 0, failures = 0, finished_at = NULL,
+        seq = CASE WHEN %(front)s::boolean THEN agentlease_front(seq)
+                   ELSE nextval('agentlease_seq') END
+    WHERE queue IN (SELECT name FROM q) AND state = 'dead'
+      AND (%(all)s::boolean OR id = ANY(%(ids)s::text[]))
+    RETURNING id
+)
+SELECT (SELECT count(*) FROM q), (SELECT count(*) FROM requeued),
+       (SELECT count(pg_notify(%(channel)s, '')) FROM (SELECT 1 FROM requeued LIMIT 1) x);
+
+-- name: migrations_exist
+SELECT to_regclass('agentlease_migrations') IS NOT NULL;
+
+-- name: applied_versions
+SELECT version FROM agentlease_migrations ORDER BY version;
+
+-- name: migration_lock
+-- Held until the migrating transaction ends: processes starting at once migrate one at a time.
+SELECT pg_advisory_xact_lock(%(key)s::bigint);
+
+-- name: schema_exists
+SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = %(schema)s);
+
+-- name: migrations_table
+CREATE TABLE IF NOT EXISTS agentlease_migrations (
+    version    integer PRIMARY KEY,
+    name       text NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+
+-- name: record_migration
+INSERT INTO agentlease_migrations (version, name) VALUES (%(version)s, %(name)s);

@@ -1,0 +1,278 @@
+"""``agentlease bench`` on PostgreSQL: the raw baseline, and claim latency / extend cost.
+
+:class:`RawPostgres` is the baseline the issue defines: psycopg (the library's own driver) on one
+autocommit connection, running a loop of ONE ``FOR UPDATE SKIP LOCKED`` claim statement and ONE
+fenced complete statement per task, with no agentlease in the way, on a plain table of the same
+shape (the library's migration applied to a schema of its own, dropped afterwards). Its claim
+returns what any worker needs (id, token, attempt, payload); the library returns more.
+:class:`PostgresStores` plugs it into :func:`agentlease.cli.bench.run_bench`, and
+:class:`PostgresTarget` lets spawned bench processes open either side.
+
+:func:`latency_and_extend` measures what the design promises about scale: the claim latency
+(p50, p99) with 1,000 and with 1,000,000 tasks queued, and the time of one ``extend`` call for
+10,000 live leases. Run both from a shell::
+
+    python -m agentlease.cli._bench_postgres postgresql://user@host/db [--tasks N] [--latency]
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any, LiteralString
+
+import psycopg
+from psycopg import sql
+
+from agentlease._sync.queue import Queue
+from agentlease.backends import connect
+from agentlease.backends._postgres_url import PostgresSettings, parse
+from agentlease.backends._sync.postgres_schema import migrate
+from agentlease.cli._bench_loops import Driver, Library, Mode, Target
+from agentlease.cli.bench import Row, Stores, cases, run_bench
+from agentlease.errors import InvalidURL
+
+__all__ = ["PostgresStores", "PostgresTarget", "RawPostgres", "latency_and_extend"]
+
+FILL: LiteralString = """
+WITH q AS (INSERT INTO agentlease_queues (name) VALUES (%(queue)s) ON CONFLICT DO NOTHING)
+INSERT INTO agentlease_tasks (id, queue, state, priority, seq, payload, max_reclaims,
+                              created_at, run_at)
+SELECT gen_random_uuid()::text, %(queue)s, 'queued', 0, nextval('agentlease_seq'),
+       ('{"n":' || i || '}')::json, 5, clock_timestamp(), clock_timestamp()
+FROM generate_series(1, %(count)s) AS i
+"""
+RAW_CLAIM: LiteralString = """
+WITH picked AS MATERIALIZED (
+    SELECT id FROM agentlease_tasks
+    WHERE queue = %(queue)s AND state = 'queued'
+    ORDER BY priority DESC, seq
+    LIMIT %(n)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE agentlease_tasks t
+SET state = 'leased', token = md5(random()::text), attempt = t.attempt + 1,
+    leased_at = clock_timestamp(), expires_at = clock_timestamp() + interval '30 seconds'
+FROM picked
+WHERE t.id = picked.id
+RETURNING t.id, t.token, t.attempt, t.payload
+"""
+RAW_COMPLETE: LiteralString = """
+UPDATE agentlease_tasks
+SET state = 'done', finished_at = clock_timestamp(), token = NULL, expires_at = NULL
+WHERE id = %(id)s AND token = %(token)s AND state = 'leased' AND expires_at > clock_timestamp()
+"""
+
+
+def _connect(settings: PostgresSettings) -> psycopg.Connection[Any]:
+    return psycopg.connect(settings.conninfo, **settings.connect_kwargs())
+
+
+def _fresh_schema(settings: PostgresSettings, prefix: str) -> PostgresSettings:
+    """A new schema on the same server with the library's tables in it."""
+    fresh = settings.with_schema(f"{prefix}_{uuid.uuid4().hex[:10]}")
+    migrate(fresh, apply=True)
+    return fresh
+
+
+def _drop(settings: PostgresSettings) -> None:
+    with _connect(settings) as conn:
+        conn.execute(
+            sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(settings.schema))
+        )
+
+
+def fill(settings: PostgresSettings, queue: str, count: int) -> None:
+    """Insert ``count`` small queued tasks in one statement (generate_series: fast, untimed)."""
+    with _connect(settings) as conn:
+        conn.execute(FILL, {"queue": queue, "count": count})
+
+
+class RawPostgres:
+    """The raw baseline: one claim statement and one complete statement per task, via psycopg.
+
+    Use :meth:`create` for the owner (it makes the schema and drops it on :meth:`close`) and
+    :meth:`open` in other processes.
+    """
+
+    def __init__(self, settings: PostgresSettings, *, owner: bool) -> None:
+        self.settings = settings
+        self.owner = owner
+        self.conn = _connect(settings)
+
+    @classmethod
+    def create(cls, url: str) -> RawPostgres:
+        """A fresh raw schema next to ``url``'s, with a table of the library's shape."""
+        return cls(_fresh_schema(parse(url), "agentlease_raw"), owner=True)
+
+    @classmethod
+    def open(cls, url: str) -> RawPostgres:
+        """Another connection to an existing raw schema (``url`` names it)."""
+        return cls(parse(url), owner=False)
+
+    @property
+    def url(self) -> str:
+        """The URL that names this raw schema."""
+        return self.settings.url
+
+    def fill(self, queue: str, count: int) -> None:
+        fill(self.settings, queue, count)
+
+    def drain(self, queue: str, batch: int, mode: Mode) -> int:
+        conn = self.conn
+        done = 0
+        while rows := conn.execute(RAW_CLAIM, {"queue": queue, "n": batch}).fetchall():
+            done += len(rows)
+            if mode == "claim_only":
+                continue
+            for task_id, token, _attempt, _payload in rows:
+                cur = conn.execute(RAW_COMPLETE, {"id": task_id, "token": token})
+                if cur.rowcount != 1:
+                    raise RuntimeError(f"raw complete of {task_id} was refused")
+        return done
+
+    def close(self) -> None:
+        self.conn.close()
+        if self.owner:
+            _drop(self.settings)
+
+
+class PostgresTarget(Target):
+    """How a spawned bench process opens its side: the library on the URL, or the raw schema."""
+
+    __slots__ = ()
+
+    def open(self) -> Driver:
+        if self.kind == "library":
+            return Library(connect(self.url))
+        return RawPostgres.open(self.url)
+
+
+class PostgresStores(Stores):
+    """The bench's two stores on PostgreSQL: the ``--backend`` URL and a fresh raw schema."""
+
+    def _raw(self, url: str, scratch: Path) -> Driver:
+        if self.kind not in ("postgresql", "postgres"):
+            raise InvalidURL(f"not a PostgreSQL URL: {url!r}")
+        raw = RawPostgres.create(url)
+        self.targets = (PostgresTarget("library", url), PostgresTarget("raw", raw.url))
+        return raw
+
+
+def compare(url: str, tasks: int, processes: int = 4, batch: int = 50) -> list[Row]:
+    """Run the bench rows on a fresh library schema next to ``url``'s (both dropped after)."""
+    library = _fresh_schema(parse(url), "agentlease_bench")
+    try:
+        stores = PostgresStores(library.url, Path("."))
+        try:
+            return run_bench(stores, cases(processes, batch, "postgresql"), tasks)
+        finally:
+            stores.close()
+    finally:
+        _drop(library)
+
+
+def _claim_latencies(q: Queue, queues: tuple[str, str], samples: int) -> list[list[float]]:
+    """Time ``samples`` claims of one task from each queue, alternating between them, so that
+    whatever else the machine does (autovacuum, checkpoints) lands on both alike."""
+    out: list[list[float]] = [[] for _ in queues]
+    for i in range(20 + samples):  # the first 20 warm up prepared statements and caches
+        for k, queue in enumerate(queues):
+            started = time.perf_counter()
+            (job,) = q.claim(queue)
+            elapsed = time.perf_counter() - started
+            q.complete(job.lease)
+            if i >= 20:
+                out[k].append(elapsed)
+    return out
+
+
+def _percentiles(values: list[float]) -> tuple[float, float]:
+    cuts = statistics.quantiles(values, n=100, method="inclusive")
+    return cuts[49] * 1000, cuts[98] * 1000
+
+
+def _vacuum(settings: PostgresSettings) -> None:
+    with _connect(settings) as conn:
+        conn.execute("VACUUM ANALYZE agentlease_tasks")
+
+
+def latency_and_extend(
+    url: str,
+    *,
+    shallow: int = 1_000,
+    deep: int = 1_000_000,
+    samples: int = 1_000,
+    leases: int = 10_000,
+) -> dict[str, float]:
+    """Claim latency at two queue depths, and one extend of many leases, through the library.
+
+    On a fresh schema next to ``url``'s (dropped afterwards), one table holds a queue of
+    ``shallow`` tasks and one of ``deep`` tasks (each filled by one ``generate_series``
+    statement, topped up by ``samples`` so the depths hold); ``samples`` claims of one task are
+    timed on each, alternating (each completed, untimed). Then ``leases`` tasks are claimed and
+    one ``extend`` of all of them is timed (median of 5).
+
+    Returns:
+        Milliseconds: ``p50_shallow``, ``p99_shallow``, ``p50_deep``, ``p99_deep``, the ratios
+        ``p50_ratio`` and ``p99_ratio`` (deep over shallow), and ``extend_ms``.
+    """
+    settings = _fresh_schema(parse(url), "agentlease_latency")
+    q = Queue(connect(settings.url))
+    try:
+        fill(settings, "shallow", shallow + samples + 20)
+        fill(settings, "deep", deep + samples + 20)
+        _vacuum(settings)
+        timings = _claim_latencies(q, ("shallow", "deep"), samples)
+        p50_shallow, p99_shallow = _percentiles(timings[0])
+        p50_deep, p99_deep = _percentiles(timings[1])
+        fill(settings, "leases", leases)
+        held = [job.lease for job in q.claim("leases", leases)]
+        assert len(held) == leases
+        times = []
+        for _ in range(5):
+            started = time.perf_counter()
+            renewed = q.extend(held)
+            times.append(time.perf_counter() - started)
+            assert all(lease is not None for lease in renewed)
+    finally:
+        q.close()
+        _drop(settings)
+    return {
+        "queued_shallow": shallow,
+        "queued_deep": deep,
+        "p50_shallow": p50_shallow,
+        "p99_shallow": p99_shallow,
+        "p50_deep": p50_deep,
+        "p99_deep": p99_deep,
+        "p50_ratio": p50_deep / p50_shallow,
+        "p99_ratio": p99_deep / p99_shallow,
+        "extend_leases": leases,
+        "extend_ms": statistics.median(times) * 1000,
+    }
+
+
+def main(argv: list[str]) -> int:
+    """``python -m agentlease.cli._bench_postgres URL [--tasks N] [--latency]``."""
+    if not argv:
+        print(__doc__)
+        return 2
+    url = argv[0]
+    tasks = int(argv[argv.index("--tasks") + 1]) if "--tasks" in argv else 30_000
+    from agentlease.cli._app import console
+    from agentlease.cli.bench import _table
+
+    rows = compare(url, tasks)
+    console.print(_table(rows, url))
+    for row in rows:
+        print(row.as_json())
+    if "--latency" in argv:
+        print(latency_and_extend(url))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
