@@ -30,7 +30,7 @@ from agentlease._records import (
 )
 from agentlease._settings import QueueSettings
 from agentlease.backends import Backend, connect
-from agentlease.errors import InvalidInput, LeaseLost
+from agentlease.errors import InvalidInput, LeaseLost, UnknownTask
 
 __all__ = ["Queue"]
 
@@ -200,6 +200,34 @@ class Queue:
         except LeaseLost as exc:
             self._rejected(lease, "complete", exc)
             raise
+
+    def complete_many(
+        self, items: Iterable[tuple[Lease, JSON]]
+    ) -> list[LeaseLost | UnknownTask | None]:
+        """Complete many leases in one round trip; each is fenced and applied on its own.
+
+        Args:
+            items: ``(lease, result)`` pairs.
+
+        Returns:
+            Per item, in order: ``None`` if accepted, else the refusal (``LeaseLost`` for a lease
+            no longer held, ``UnknownTask``); refused items changed nothing.
+
+        Raises:
+            NotJSON, PayloadTooLarge: a result was refused; nothing was written.
+        """
+        limit = self.settings.max_payload_bytes
+        batch = [
+            (lease, None if result is None else encode(result, what="result", limit=limit))
+            for lease, result in items
+        ]
+        if not batch:
+            return []
+        outcomes = self.backend.complete_many(batch)
+        for (lease, _), outcome in zip(batch, outcomes, strict=True):
+            if isinstance(outcome, LeaseLost):
+                self._rejected(lease, "complete", outcome)
+        return outcomes
 
     def fail(
         self, lease: Lease, error: BaseException | str, *, retry_in: float | None

@@ -24,6 +24,7 @@ from agentlease._records import (
     Reaped,
     Task,
 )
+from agentlease.errors import LeaseLost, UnknownTask
 
 if TYPE_CHECKING:
     from agentlease.backends.base import Backend
@@ -81,6 +82,11 @@ class ThreadedAsyncBackend:
 
     async def complete(self, lease: Lease, result_json: bytes | None) -> None:
         await self._run(self._sync.complete, lease, result_json)
+
+    async def complete_many(
+        self, items: Sequence[tuple[Lease, bytes | None]]
+    ) -> list[LeaseLost | UnknownTask | None]:
+        return await self._run(self._sync.complete_many, items)
 
     async def fail(self, lease: Lease, error_json: bytes, retry_in: float | None) -> Task:
         return await self._run(self._sync.fail, lease, error_json, retry_in)

@@ -27,6 +27,7 @@ from agentlease._records import (
     Reaped,
     Task,
 )
+from agentlease.errors import LeaseLost, UnknownTask
 
 __all__ = ["AsyncBackend", "Backend"]
 
@@ -69,6 +70,17 @@ class Backend(Protocol):
 
     def complete(self, lease: Lease, result_json: bytes | None) -> None:
         """Mark the task done with its result, fenced, in one atomic step."""
+        ...
+
+    def complete_many(
+        self, items: Sequence[tuple[Lease, bytes | None]]
+    ) -> list[LeaseLost | UnknownTask | None]:
+        """Complete many leases in one round trip.
+
+        Each item is fenced and applied as its own atomic step (the batch is not all or
+        nothing). Returns, per item in order, ``None`` if it was accepted, else the refusal it
+        would have raised.
+        """
         ...
 
     def fail(self, lease: Lease, error_json: bytes, retry_in: float | None) -> Task:
@@ -137,6 +149,9 @@ class AsyncBackend(Protocol):
     ) -> tuple[list[Job], list[Reaped]]: ...
     async def extend(self, leases: Sequence[Lease], lease_for: float) -> list[Lease | None]: ...
     async def complete(self, lease: Lease, result_json: bytes | None) -> None: ...
+    async def complete_many(
+        self, items: Sequence[tuple[Lease, bytes | None]]
+    ) -> list[LeaseLost | UnknownTask | None]: ...
     async def fail(self, lease: Lease, error_json: bytes, retry_in: float | None) -> Task: ...
     async def release(self, lease: Lease, front: bool) -> None: ...
     async def progress(

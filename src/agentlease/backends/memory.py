@@ -265,6 +265,20 @@ class MemoryBackend:
                 row.task, state="done", result_json=result_json, finished_at=now, expires_at=None
             )
 
+    def complete_many(
+        self, items: Sequence[tuple[Lease, bytes | None]]
+    ) -> list[LeaseLost | UnknownTask | None]:
+        out: list[LeaseLost | UnknownTask | None] = []
+        with self._lock:
+            for lease, result_json in items:
+                try:
+                    self.complete(lease, result_json)
+                except (LeaseLost, UnknownTask) as exc:
+                    out.append(exc)
+                else:
+                    out.append(None)
+        return out
+
     def fail(self, lease: Lease, error_json: bytes, retry_in: float | None) -> Task:
         with self._lock:
             now = self._clock()

@@ -331,6 +331,24 @@ class SQLiteBackend:
     def complete(self, lease: Lease, result_json: bytes | None) -> None:
         self._fenced("complete", lease, {"result": result_json})
 
+    def complete_many(
+        self, items: Sequence[tuple[Lease, bytes | None]]
+    ) -> list[LeaseLost | UnknownTask | None]:
+        out: list[LeaseLost | UnknownTask | None] = []
+        if not items:
+            return out
+        sql = Q["complete"]
+        with self._step(write=True) as db:  # one transaction: one commit for the batch
+            now = time.time()
+            for lease, result_json in items:
+                params = {"id": lease.task_id, "token": lease.token, "now": now}
+                params["result"] = result_json
+                if db.execute(sql, params).rowcount == 1:
+                    out.append(None)
+                else:
+                    out.append(self._lost(db, lease, now))
+        return out
+
     def fail(self, lease: Lease, error_json: bytes, retry_in: float | None) -> Task:
         if retry_in is None:
             self._fenced("fail_dead", lease, {"error": error_json})

@@ -82,8 +82,10 @@ class Library:
                 done += len(jobs)
             return done
         while jobs := q.claim(queue, batch):
-            for job in jobs:
-                q.complete(job.lease)
+            if batch == 1:
+                q.complete(jobs[0].lease)
+            elif any(q.complete_many([(job.lease, None) for job in jobs])):
+                raise click.ClickException("a completion was refused")
             done += len(jobs)
         return done
 
@@ -165,10 +167,14 @@ class RawSQLite:
             done += len(rows)
             if mode == "claim_only":
                 continue
+            if batch > 1:
+                db.execute("BEGIN IMMEDIATE")  # a batch of completions commits once
             for row in rows:
                 params = {"id": row[0], "token": row[1], "now": time.time(), "result": None}
                 if db.execute(complete, params).rowcount != 1:
                     raise click.ClickException(f"raw complete of {row[0]} was refused")
+            if batch > 1:
+                db.execute("COMMIT")
 
     def close(self) -> None:
         self.db.close()
@@ -201,8 +207,10 @@ class RawMemory:
             done += len(jobs)
             if mode == "claim_only":
                 continue
-            for job in jobs:
-                backend.complete(job.lease, None)
+            if batch == 1:
+                backend.complete(jobs[0].lease, None)
+            elif any(backend.complete_many([(job.lease, None) for job in jobs])):
+                raise click.ClickException("a raw completion was refused")
 
     def close(self) -> None:
         """The store is shared; nothing to release."""

@@ -67,6 +67,15 @@ WHERE id = %(id)s AND token = %(token)s AND state = 'leased' AND expires_at > cl
 """
 
 
+RAW_COMPLETE_MANY: LiteralString = """
+UPDATE agentlease_tasks AS t
+SET state = 'done', finished_at = clock_timestamp(), token = NULL, expires_at = NULL
+FROM unnest(%(ids)s::text[], %(tokens)s::text[]) AS d(id, token)
+WHERE t.id = d.id AND t.token = d.token AND t.state = 'leased'
+  AND t.expires_at > clock_timestamp()
+"""
+
+
 def _connect(settings: PostgresSettings) -> psycopg.Connection[Any]:
     return psycopg.connect(settings.conninfo, **settings.connect_kwargs())
 
@@ -128,10 +137,14 @@ class RawPostgres:
             done += len(rows)
             if mode == "claim_only":
                 continue
-            for task_id, token, _attempt, _payload in rows:
+            if batch == 1:
+                task_id, token, _attempt, _payload = rows[0]
                 cur = conn.execute(RAW_COMPLETE, {"id": task_id, "token": token})
-                if cur.rowcount != 1:
-                    raise RuntimeError(f"raw complete of {task_id} was refused")
+            else:  # the same fenced update for the whole batch, in one statement
+                ids = [r[0] for r in rows]
+                cur = conn.execute(RAW_COMPLETE_MANY, {"ids": ids, "tokens": [r[1] for r in rows]})
+            if cur.rowcount != len(rows):
+                raise RuntimeError("a raw complete was refused")
         return done
 
     def close(self) -> None:

@@ -150,9 +150,15 @@ class RawRedis:
             claimed += len(reply) // 2
             if mode == "claim_only":
                 continue
-            for i in range(0, len(reply), 2):
-                if complete(keys=complete_keys, args=[reply[i], ""]) != 1:
-                    raise click.ClickException(f"raw complete of {reply[i]!r} was refused")
+            if batch == 1:
+                replies = [complete(keys=complete_keys, args=[reply[0], ""])]
+            else:  # the same script per task, pipelined: one round trip for the batch
+                pipe = self.client.pipeline(transaction=False)
+                for i in range(0, len(reply), 2):
+                    complete(keys=complete_keys, args=[reply[i], ""], client=pipe)
+                replies = pipe.execute()
+            if any(r != 1 for r in replies):
+                raise click.ClickException("a raw complete was refused")
 
     def close(self) -> None:
         """Delete the queues this driver filled, and close the client."""

@@ -101,14 +101,10 @@ class AsyncRedisBackend:
         """Run a fenced write (retried safely: it carries a nonce, or repeats harmlessly) and
         return its reply; raise if the lease was not held."""
         reply = await self._link.script(name, keys, args, retry=True)
-        if reply == 1 or reply[0] in (b"ok", b"replayed"):
-            return reply
-        if reply[0] == b"unknown":
-            raise UnknownTask(lease.task_id)
-        _, attempt, state, reason = reply
-        raise LeaseLost(
-            lease.task_id, lease.attempt, attempt, state.decode(), reason=reason.decode()
-        )
+        refusal = _refusal(lease, reply)
+        if refusal is not None:
+            raise refusal
+        return reply
 
     # -- primitives -----------------------------------------------------------------------------
 
@@ -220,6 +216,26 @@ class AsyncRedisBackend:
         args = (lease.task_id, lease.token, _nonce(), result_json or b"")
         await self._holder_write("complete", keys, lease, args)
 
+    async def complete_many(
+        self, items: Sequence[tuple[Lease, bytes | None]]
+    ) -> list[LeaseLost | UnknownTask | None]:
+        # One complete script per item, pipelined: one round trip; each carries a nonce, so the
+        # pipeline is safe to resend after a broken connection.
+        calls: list[Call] = [
+            (
+                "EVALSHA",
+                "complete",
+                queue_keys(self._prefix, lease.queue).complete,
+                (lease.task_id, lease.token, _nonce(), result_json or b""),
+            )
+            for lease, result_json in items
+        ]
+        replies = await self._link.many(calls)
+        out: list[LeaseLost | UnknownTask | None] = []
+        for (lease, _), reply in zip(items, replies, strict=True):
+            out.append(_refusal(lease, reply))
+        return out
+
     async def fail(self, lease: Lease, error_json: bytes, retry_in: float | None) -> Task:
         keys = queue_keys(self._prefix, lease.queue).fail
         wait = "" if retry_in is None else retry_in
@@ -321,3 +337,13 @@ class AsyncRedisBackend:
     def open_async(self) -> _redis_url.AsyncFace:
         """An asyncio backend with its own client on the same store."""
         return _redis_url.twin_async(self._options)
+
+
+def _refusal(lease: Lease, reply: Any) -> LeaseLost | UnknownTask | None:
+    """The error a holder write's reply stands for, or None if the write was applied."""
+    if reply == 1 or reply[0] in (b"ok", b"replayed"):
+        return None
+    if reply[0] == b"unknown":
+        return UnknownTask(lease.task_id)
+    _, attempt, state, reason = reply
+    return LeaseLost(lease.task_id, lease.attempt, attempt, state.decode(), reason=reason.decode())

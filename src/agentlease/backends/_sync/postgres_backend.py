@@ -320,6 +320,24 @@ class PostgresBackend:
         if self._write(Q["complete"], params) != 1:
             raise self._lost(lease)
 
+    def complete_many(
+        self, items: Sequence[tuple[Lease, bytes | None]]
+    ) -> list[LeaseLost | UnknownTask | None]:
+        if not items:
+            return []
+        params = {
+            "ids": [lease.task_id for lease, _ in items],
+            "tokens": [lease.token for lease, _ in items],
+            "results": [None if r is None else r.decode() for _, r in items],
+        }
+        # One statement: each row is fenced on its own (token, expiry) and updated or not.
+        done = {(i, t) for i, t in self._fetch(Q["complete_many"], params)}
+        out: list[LeaseLost | UnknownTask | None] = []
+        for lease, _ in items:
+            accepted = (lease.task_id, lease.token) in done
+            out.append(None if accepted else self._lost(lease))
+        return out
+
     def fail(self, lease: Lease, error_json: bytes, retry_in: float | None) -> Task:
         params = self._fence(lease)
         params["error"] = error_json

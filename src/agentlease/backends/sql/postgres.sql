@@ -78,6 +78,14 @@ SET state = 'done', result = %(result)s::json, finished_at = clock_timestamp(), 
     expires_at = NULL
 WHERE id = %(id)s AND token = %(token)s AND expires_at > clock_timestamp();
 
+-- name: complete_many
+UPDATE agentlease_tasks AS t
+SET state = 'done', result = d.result::json, finished_at = clock_timestamp(), token = NULL,
+    expires_at = NULL
+FROM unnest(%(ids)s::text[], %(tokens)s::text[], %(results)s::text[]) AS d(id, token, result)
+WHERE t.id = d.id AND t.token = d.token AND t.expires_at > clock_timestamp()
+RETURNING d.id, d.token;
+
 -- name: fail_retry
 -- Notifies idle workers in the same statement (delivered at commit).
 WITH failed AS (
