@@ -109,11 +109,12 @@ def run_demo(config: DemoConfig, progress: Progress | None = None) -> DemoReport
                 _stop_workers(procs)
             elapsed = time.monotonic() - started
             tasks = [queue.get(task_id) for task_id in ids]
+            shown = queue.backend.url  # as the backend shows it: never a password
         finally:
             queue.close()
         checks, figures = check(tasks, read_ledgers(ledgers), faults)
     figures.update(
-        backend=url if config.url else "sqlite (temp dir)",
+        backend=shown if config.url else "sqlite (temp dir)",
         workers=config.workers,
         killed=len(faults.killed),
         frozen=len(faults.frozen),

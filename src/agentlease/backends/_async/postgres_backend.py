@@ -88,7 +88,7 @@ class AsyncPostgresBackend:
     """
 
     def __init__(self, settings: PostgresSettings, *, migrated: bool = False) -> None:
-        self.url = settings.url
+        self.url = settings.display  # never the password
         self.settings = settings
         self._migrated = migrated
         self._pool: AsyncConnectionPool[AsyncConnection[Any]] | None = None

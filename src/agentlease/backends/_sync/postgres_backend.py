@@ -90,7 +90,7 @@ class PostgresBackend:
     """
 
     def __init__(self, settings: PostgresSettings, *, migrated: bool = False) -> None:
-        self.url = settings.url
+        self.url = settings.display  # never the password
         self.settings = settings
         self._migrated = migrated
         self._pool: ConnectionPool[Connection[Any]] | None = None
