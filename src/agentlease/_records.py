@@ -6,8 +6,9 @@ encodes or decodes and every backend returns byte-identical values.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from agentlease._codec import JSON, decode
 
@@ -233,3 +234,48 @@ class LeaseInfo:
     expires_in: float
     reclaims: int
     failures: int
+
+
+def task_from_row(row: Sequence[Any]) -> Task:
+    """A :class:`Task` from a SQL row of its 19 columns in the order the backends select them:
+    id, queue, state, priority, payload, attempt, reclaims, failures, max_reclaims, created_at,
+    run_at, dedup_key, leased_at, expires_at, finished_at, progress, checkpoint, result, error."""
+    return Task(
+        id=row[0],
+        queue=row[1],
+        state=row[2],
+        priority=row[3],
+        payload_json=row[4],
+        attempt=row[5],
+        reclaims=row[6],
+        failures=row[7],
+        max_reclaims=row[8],
+        created_at=row[9],
+        run_at=row[10],
+        dedup_key=row[11],
+        leased_at=row[12],
+        expires_at=row[13],
+        finished_at=row[14],
+        progress_json=row[15],
+        checkpoint_json=row[16],
+        result_json=row[17],
+        error_json=row[18],
+    )
+
+
+def renewed_leases(leases: Sequence[Lease], rows: Sequence[Sequence[Any]]) -> list[Lease | None]:
+    """Each lease renewed with its new expiry from ``(task_id, token, expires_at)`` rows, or
+    ``None`` where no row renewed it (matched on the token, so a stale lease of a task whose live
+    lease was renewed in the same call stays ``None``)."""
+    renewed = {(task_id, token): expires for task_id, token, expires in rows}
+    out: list[Lease | None] = []
+    for lease in leases:
+        expires = renewed.get((lease.task_id, lease.token))
+        out.append(
+            None
+            if expires is None
+            else Lease(
+                lease.task_id, lease.queue, lease.token, lease.attempt, lease.leased_at, expires
+            )
+        )
+    return out

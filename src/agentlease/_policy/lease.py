@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-__all__ = ["FRONT_OFFSET", "front_seq", "is_live", "lease_expiry", "reap_outcome"]
+__all__ = ["FRONT_OFFSET", "front_seq", "is_live", "lease_expiry", "lost_reason", "reap_outcome"]
 
 # Sequence numbers order tasks of one priority. A task sent to the front keeps its relative order
 # among other front tasks by subtracting a constant far larger than any sequence ever issued.
@@ -45,3 +45,14 @@ def reap_outcome(reclaims: int, max_reclaims: int) -> Literal["requeued", "dead"
 def front_seq(seq: int) -> int:
     """The sequence number that puts a task ahead of every task not yet sent to the front."""
     return seq - FRONT_OFFSET if seq >= 0 else seq
+
+
+def lost_reason(state: str, token_matches: bool, live: bool) -> str:
+    """Why a holder write was fenced off, for :class:`~agentlease.errors.LeaseLost`."""
+    if state != "leased":
+        return f"task is {state}"
+    if not token_matches:
+        return "token replaced"
+    if not live:
+        return "lease expired"
+    return "lease no longer held"

@@ -33,7 +33,7 @@ from psycopg.abc import Buffer
 from psycopg.adapt import Dumper, Loader
 from psycopg_pool import PoolTimeout
 
-from agentlease._records import Task
+from agentlease._records import Task, task_from_row
 from agentlease.backends._sqlfile import queries
 from agentlease.backends.base import AsyncBackend, Backend
 from agentlease.errors import BackendError, BackendUnavailable
@@ -240,24 +240,4 @@ def translate(settings: PostgresSettings, exc: psycopg.Error) -> BackendError:
 
 def task(row: tuple[Any, ...]) -> Task:
     """A :class:`Task` from the 19 columns that ``get``, ``dead`` and ``fail_*`` return."""
-    return Task(
-        id=row[0],
-        queue=row[1],
-        state=row[2],
-        priority=row[3],
-        payload_json=row[4],
-        attempt=row[5],
-        reclaims=row[6],
-        failures=row[7],
-        max_reclaims=row[8],
-        created_at=row[9],
-        run_at=row[10],
-        dedup_key=row[11],
-        leased_at=row[12],
-        expires_at=row[13],
-        finished_at=row[14],
-        progress_json=row[15],
-        checkpoint_json=row[16],
-        result_json=row[17],
-        error_json=row[18],
-    )
+    return task_from_row(row)

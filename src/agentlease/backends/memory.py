@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 
 import orjson
 
-from agentlease._policy.lease import front_seq, is_live, lease_expiry, reap_outcome
+from agentlease._policy.lease import front_seq, is_live, lease_expiry, lost_reason, reap_outcome
 from agentlease._records import (
     Enqueued,
     Job,
@@ -93,12 +93,8 @@ class MemoryBackend:
             or t.expires_at is None
             or not is_live(now, t.expires_at)
         ):
-            if t.state != "leased":
-                reason = f"task is {t.state}"
-            elif row.token != lease.token:
-                reason = "token replaced"
-            else:
-                reason = "lease expired"
+            live = t.expires_at is not None and is_live(now, t.expires_at)
+            reason = lost_reason(t.state, row.token == lease.token, live)
             raise LeaseLost(lease.task_id, lease.attempt, t.attempt, t.state, reason=reason)
         return row
 

@@ -21,7 +21,13 @@ from typing import Any
 
 import orjson
 
-from agentlease._policy.lease import FRONT_OFFSET, front_seq, lease_expiry, reap_outcome
+from agentlease._policy.lease import (
+    FRONT_OFFSET,
+    front_seq,
+    lease_expiry,
+    lost_reason,
+    reap_outcome,
+)
 from agentlease._records import (
     Enqueued,
     Job,
@@ -32,6 +38,8 @@ from agentlease._records import (
     QueueStats,
     Reaped,
     Task,
+    renewed_leases,
+    task_from_row,
 )
 from agentlease.backends._sqlfile import queries
 from agentlease.backends._threaded import ThreadedAsyncBackend
@@ -97,30 +105,6 @@ class _Step:
             raise _translate(backend.path, exc) from exc
 
 
-def _task(row: Sequence[Any]) -> Task:
-    return Task(
-        id=row[0],
-        queue=row[1],
-        state=row[2],
-        priority=row[3],
-        payload_json=row[4],
-        attempt=row[5],
-        reclaims=row[6],
-        failures=row[7],
-        max_reclaims=row[8],
-        created_at=row[9],
-        run_at=row[10],
-        dedup_key=row[11],
-        leased_at=row[12],
-        expires_at=row[13],
-        finished_at=row[14],
-        progress_json=row[15],
-        checkpoint_json=row[16],
-        result_json=row[17],
-        error_json=row[18],
-    )
-
-
 class SQLiteBackend:
     """Tasks in one SQLite database file, shared by every process on the machine.
 
@@ -184,14 +168,8 @@ class SQLiteBackend:
         if row is None:
             return UnknownTask(lease.task_id)
         attempt, state, token, expires_at = row
-        if state != "leased":
-            reason = f"task is {state}"
-        elif token != lease.token:
-            reason = "token replaced"
-        elif expires_at is not None and expires_at <= now:
-            reason = "lease expired"
-        else:
-            reason = "lease no longer held"
+        live = expires_at is not None and expires_at > now
+        reason = lost_reason(state, token == lease.token, live)
         return LeaseLost(lease.task_id, lease.attempt, attempt, state, reason=reason)
 
     def _fenced(self, name: str, lease: Lease, params: dict[str, Any]) -> None:
@@ -310,23 +288,7 @@ class SQLiteBackend:
             rows = db.execute(
                 Q["extend"], {"leases": payload, "now": now, "lease_for": lease_for}
             ).fetchall()
-        renewed = {(task_id, token): expires for task_id, token, expires in rows}
-        out: list[Lease | None] = []
-        for lease in leases:
-            expires = renewed.get((lease.task_id, lease.token))
-            out.append(
-                None
-                if expires is None
-                else Lease(
-                    lease.task_id,
-                    lease.queue,
-                    lease.token,
-                    lease.attempt,
-                    lease.leased_at,
-                    expires,
-                )
-            )
-        return out
+        return renewed_leases(leases, rows)
 
     def complete(self, lease: Lease, result_json: bytes | None) -> None:
         self._fenced("complete", lease, {"result": result_json})
@@ -385,7 +347,7 @@ class SQLiteBackend:
             row = db.execute(Q["get"], {"id": task_id}).fetchone()
         if row is None:
             raise UnknownTask(task_id)
-        return _task(row)
+        return task_from_row(row)
 
     def stats(self, queue: str) -> QueueStats:
         with self._step(write=False) as db:
@@ -417,7 +379,7 @@ class SQLiteBackend:
         with self._step(write=False) as db:
             self._require_queue(db, queue)
             rows = db.execute(Q["dead"], {"queue": queue, "limit": limit}).fetchall()
-        return [_task(r) for r in rows]
+        return [task_from_row(r) for r in rows]
 
     def requeue_dead(self, queue: str, task_ids: Sequence[str] | None, front: bool) -> int:
         with self._step(write=True) as db:

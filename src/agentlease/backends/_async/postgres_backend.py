@@ -39,6 +39,7 @@ import psycopg
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
+from agentlease._policy.lease import lost_reason
 from agentlease._records import (
     Enqueued,
     Job,
@@ -49,6 +50,7 @@ from agentlease._records import (
     QueueStats,
     Reaped,
     Task,
+    renewed_leases,
 )
 from agentlease.backends import _postgres_driver as pg
 from agentlease.backends._postgres_driver import (
@@ -181,14 +183,7 @@ class AsyncPostgresBackend:
         if not rows:
             return UnknownTask(lease.task_id)
         attempt, state, token, live = rows[0]
-        if state != "leased":
-            reason = f"task is {state}"
-        elif token != lease.token:
-            reason = "token replaced"
-        elif not live:
-            reason = "lease expired"
-        else:
-            reason = "lease no longer held"
+        reason = lost_reason(state, token == lease.token, bool(live))
         return LeaseLost(lease.task_id, lease.attempt, attempt, state, reason=reason)
 
     @staticmethod
@@ -294,23 +289,7 @@ class AsyncPostgresBackend:
                 "lease_for": lease_for,
             },
         )
-        renewed = {(task_id, token): expires for task_id, token, expires in rows}
-        out: list[Lease | None] = []
-        for lease in leases:
-            expires = renewed.get((lease.task_id, lease.token))
-            out.append(
-                None
-                if expires is None
-                else Lease(
-                    lease.task_id,
-                    lease.queue,
-                    lease.token,
-                    lease.attempt,
-                    lease.leased_at,
-                    expires,
-                )
-            )
-        return out
+        return renewed_leases(leases, rows)
 
     async def complete(self, lease: Lease, result_json: bytes | None) -> None:
         params = self._fence(lease)

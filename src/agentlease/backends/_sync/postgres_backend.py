@@ -41,6 +41,7 @@ import psycopg
 from psycopg import Connection
 from psycopg_pool import ConnectionPool
 
+from agentlease._policy.lease import lost_reason
 from agentlease._records import (
     Enqueued,
     Job,
@@ -51,6 +52,7 @@ from agentlease._records import (
     QueueStats,
     Reaped,
     Task,
+    renewed_leases,
 )
 from agentlease.backends import _postgres_driver as pg
 from agentlease.backends._postgres_driver import (
@@ -183,14 +185,7 @@ class PostgresBackend:
         if not rows:
             return UnknownTask(lease.task_id)
         attempt, state, token, live = rows[0]
-        if state != "leased":
-            reason = f"task is {state}"
-        elif token != lease.token:
-            reason = "token replaced"
-        elif not live:
-            reason = "lease expired"
-        else:
-            reason = "lease no longer held"
+        reason = lost_reason(state, token == lease.token, bool(live))
         return LeaseLost(lease.task_id, lease.attempt, attempt, state, reason=reason)
 
     @staticmethod
@@ -296,23 +291,7 @@ class PostgresBackend:
                 "lease_for": lease_for,
             },
         )
-        renewed = {(task_id, token): expires for task_id, token, expires in rows}
-        out: list[Lease | None] = []
-        for lease in leases:
-            expires = renewed.get((lease.task_id, lease.token))
-            out.append(
-                None
-                if expires is None
-                else Lease(
-                    lease.task_id,
-                    lease.queue,
-                    lease.token,
-                    lease.attempt,
-                    lease.leased_at,
-                    expires,
-                )
-            )
-        return out
+        return renewed_leases(leases, rows)
 
     def complete(self, lease: Lease, result_json: bytes | None) -> None:
         params = self._fence(lease)
