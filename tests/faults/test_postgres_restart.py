@@ -29,12 +29,8 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
-pytest.importorskip("psycopg")
-pytest.importorskip("psycopg_pool")
-
 import psycopg
+import pytest
 
 import agentlease as al
 from agentlease.backends._postgres_driver import MIGRATIONS

@@ -312,11 +312,15 @@ class SQLiteBackend:
         return out
 
     def fail(self, lease: Lease, error_json: bytes, retry_in: float | None) -> Task:
-        if retry_in is None:
-            self._fenced("fail_dead", lease, {"error": error_json})
-        else:
-            self._fenced("fail_retry", lease, {"error": error_json, "retry_in": retry_in})
-        return self.get(lease.task_id)
+        name = "fail_dead" if retry_in is None else "fail_retry"
+        with self._step(write=False) as db:  # one statement: fenced write and the new row
+            now = time.time()
+            params = {"id": lease.task_id, "token": lease.token, "now": now, "error": error_json}
+            params["retry_in"] = retry_in
+            rows = db.execute(Q[name], params).fetchall()  # all: the statement must finish
+            if not rows:
+                raise self._lost(db, lease, now)
+        return task_from_row(rows[0])
 
     def release(self, lease: Lease, front: bool) -> None:
         with self._step(write=True) as db:

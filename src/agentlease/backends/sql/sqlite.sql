@@ -115,13 +115,19 @@ WHERE id = :id AND token = :token AND state = 'leased' AND expires_at > :now;
 UPDATE agentlease_tasks
 SET state = 'failed', failures = failures + 1, error = :error, run_at = :now + :retry_in,
     token = NULL, expires_at = NULL
-WHERE id = :id AND token = :token AND state = 'leased' AND expires_at > :now;
+WHERE id = :id AND token = :token AND state = 'leased' AND expires_at > :now
+RETURNING id, queue, state, priority, payload, attempt, reclaims, failures, max_reclaims,
+          created_at, run_at, dedup_key, leased_at, expires_at, finished_at, progress, checkpoint,
+          result, error;
 
 -- name: fail_dead
 UPDATE agentlease_tasks
 SET state = 'dead', failures = failures + 1, error = :error, finished_at = :now,
     token = NULL, expires_at = NULL
-WHERE id = :id AND token = :token AND state = 'leased' AND expires_at > :now;
+WHERE id = :id AND token = :token AND state = 'leased' AND expires_at > :now
+RETURNING id, queue, state, priority, payload, attempt, reclaims, failures, max_reclaims,
+          created_at, run_at, dedup_key, leased_at, expires_at, finished_at, progress, checkpoint,
+          result, error;
 
 -- name: release
 UPDATE agentlease_tasks
