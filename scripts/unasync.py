@@ -42,12 +42,18 @@ RENAMES = {
     "AsyncNullConnectionPool": "NullConnectionPool",
     "async_sleep": "sync_sleep",
     "async_lock": "sync_lock",
+    # Idempotent actions.
+    "AsyncIdempotency": "Idempotency",
+    "AsyncAction": "Action",
+    "AsyncRenewals": "Renewals",
 }
 SUBS: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"\basync def\b"), "def"),
     (re.compile(r"\basync with\b"), "with"),
     (re.compile(r"\basync for\b"), "for"),
     (re.compile(r"\bawait "), ""),
+    (re.compile(r"\bAwaitable\[(\w+)\]"), r"\1"),
+    (re.compile(r"\bAwaitable, "), ""),
     (re.compile(r"\b(" + "|".join(map(re.escape, RENAMES)) + r")\b"), ""),
 ]
 HEADER = (

@@ -5,14 +5,19 @@ working, requeue expired leases to the front, and reject every write from a zomb
 reaped. The public API is this module's ``__all__``; everything else is private.
 """
 
+from agentlease._async.idempotency import AsyncAction, AsyncIdempotency
 from agentlease._async.queue import AsyncQueue
 from agentlease._codec import JSON
 from agentlease._context import AsyncJobContext, JobContext
 from agentlease._events import Event
+from agentlease._idempotent import AsyncIdempotentFunction, IdempotentFunction, idempotent
+from agentlease._outcomes import NotApplied, Outcome
 from agentlease._policy.retry import RetryPolicy, full_jitter
 from agentlease._records import (
     Enqueued,
     Job,
+    KeyRecord,
+    KeyState,
     Lease,
     LeaseInfo,
     QueueStats,
@@ -21,7 +26,9 @@ from agentlease._records import (
     TaskSpec,
     TaskState,
 )
-from agentlease._settings import QueueSettings
+from agentlease._scope import current_fence, current_key, idempotency_scope
+from agentlease._settings import IdempotencySettings, QueueSettings
+from agentlease._sync.idempotency import Action, Idempotency
 from agentlease._sync.queue import Queue
 from agentlease._worker import AsyncWorker, Worker, WorkerSettings
 from agentlease.backends import AsyncBackend, Backend, connect, connect_async
@@ -31,16 +38,22 @@ from agentlease.errors import (
     BackendError,
     BackendUnavailable,
     Cancelled,
+    DuplicateInFlight,
+    IdempotencyConflict,
+    IdempotencyError,
     InvalidDuration,
     InvalidInput,
     InvalidName,
     InvalidURL,
     LeaseLost,
     MissingDriver,
+    MissingIdentity,
     NotFound,
     NotJSON,
     PayloadError,
     PayloadTooLarge,
+    ReplayedFailure,
+    ReservationLost,
     UnknownQueue,
     UnknownTask,
     WorkerError,
@@ -50,8 +63,12 @@ __version__ = "0.1.0"
 
 __all__ = [
     "JSON",
+    "Action",
     "AgentLeaseError",
+    "AsyncAction",
     "AsyncBackend",
+    "AsyncIdempotency",
+    "AsyncIdempotentFunction",
     "AsyncJobContext",
     "AsyncQueue",
     "AsyncWorker",
@@ -59,27 +76,40 @@ __all__ = [
     "BackendError",
     "BackendUnavailable",
     "Cancelled",
+    "DuplicateInFlight",
     "Enqueued",
     "Event",
+    "Idempotency",
+    "IdempotencyConflict",
+    "IdempotencyError",
+    "IdempotencySettings",
+    "IdempotentFunction",
     "InvalidDuration",
     "InvalidInput",
     "InvalidName",
     "InvalidURL",
     "Job",
     "JobContext",
+    "KeyRecord",
+    "KeyState",
     "Lease",
     "LeaseInfo",
     "LeaseLost",
     "MemoryBackend",
     "MissingDriver",
+    "MissingIdentity",
+    "NotApplied",
     "NotFound",
     "NotJSON",
+    "Outcome",
     "PayloadError",
     "PayloadTooLarge",
     "Queue",
     "QueueSettings",
     "QueueStats",
     "Reaped",
+    "ReplayedFailure",
+    "ReservationLost",
     "RetryPolicy",
     "Task",
     "TaskSpec",
@@ -92,5 +122,9 @@ __all__ = [
     "__version__",
     "connect",
     "connect_async",
+    "current_fence",
+    "current_key",
     "full_jitter",
+    "idempotency_scope",
+    "idempotent",
 ]

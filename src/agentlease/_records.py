@@ -1,4 +1,5 @@
-"""The records that cross the storage seam and reach users: tasks, leases, jobs, stats.
+"""The records that cross the storage seam and reach users: tasks, leases, jobs, stats, and the
+reservations and outcomes of idempotency keys.
 
 Values are kept as the JSON bytes the store holds and decoded on access, so a backend never
 encodes or decodes and every backend returns byte-identical values.
@@ -15,6 +16,9 @@ from agentlease._codec import JSON, decode
 __all__ = [
     "Enqueued",
     "Job",
+    "KeyHold",
+    "KeyRecord",
+    "KeyState",
     "Lease",
     "LeaseInfo",
     "LeaseTerms",
@@ -279,3 +283,80 @@ def renewed_leases(leases: Sequence[Lease], rows: Sequence[Sequence[Any]]) -> li
             )
         )
     return out
+
+
+KeyState = Literal["in_flight", "done", "failed"]
+"""``in_flight``: reserved by an attempt that has not recorded an outcome (or was released);
+``done``: the action's result is stored; ``failed``: its permanent failure is stored."""
+
+
+@dataclass(frozen=True, slots=True)
+class KeyHold:
+    """A reservation of an idempotency key: the proof its holder shows on every write.
+
+    Attributes:
+        key: the idempotency key.
+        token: random and never reused; the store compares it on every holder write.
+        fence: +1 at every reservation of the key (first or takeover): a fencing number to pass
+            downstream.
+        expires_at: when the in-flight lease runs out unless extended, on the store's clock.
+        taken_over: the reservation was taken over from an earlier holder whose in-flight lease
+            ran out (or who released it): that holder may or may not have acted.
+    """
+
+    key: str
+    token: str
+    fence: int
+    expires_at: float
+    taken_over: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class KeyRecord:
+    """An idempotency key as the store holds it, read in one atomic step.
+
+    ``now`` is the store's clock at the read, so ``expires_at - now`` is the holder's time left.
+    """
+
+    key: str
+    state: KeyState
+    fingerprint: str
+    fence: int
+    holder: str
+    expires_at: float | None
+    result_json: bytes | None
+    error_json: bytes | None
+    created_at: float
+    finished_at: float | None
+    purge_at: float
+    now: float
+
+    @property
+    def result(self) -> JSON:
+        """The stored result, decoded (``None`` unless ``state == "done"``)."""
+        return decode(self.result_json)
+
+    @property
+    def error(self) -> JSON:
+        """The stored permanent failure, decoded (``None`` unless ``state == "failed"``)."""
+        return decode(self.error_json)
+
+
+def key_record_from_row(row: Sequence[Any], now: float) -> KeyRecord:
+    """A :class:`KeyRecord` from a SQL row of its 11 columns in the order the backends select
+    them: key, state, fingerprint, fence, holder, expires_at, result, error, created_at,
+    finished_at, purge_at."""
+    return KeyRecord(
+        key=row[0],
+        state=row[1],
+        fingerprint=row[2],
+        fence=row[3],
+        holder=row[4],
+        expires_at=row[5],
+        result_json=None if row[6] is None else bytes(row[6]),
+        error_json=None if row[7] is None else bytes(row[7]),
+        created_at=row[8],
+        finished_at=row[9],
+        purge_at=row[10],
+        now=now,
+    )

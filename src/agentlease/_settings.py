@@ -1,4 +1,4 @@
-"""Queue settings: right defaults, nothing unbounded."""
+"""Queue and idempotency settings: right defaults, nothing unbounded."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from agentlease._codec import DEFAULT_MAX_BYTES
 from agentlease._records import LeaseTerms
 from agentlease._validate import duration, integer, optional_duration
 
-__all__ = ["QueueSettings"]
+__all__ = ["IdempotencySettings", "QueueSettings"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -48,3 +48,33 @@ class QueueSettings:
             progress_timeout=self.progress_timeout,
             reap_front=self.reap_front,
         )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class IdempotencySettings:
+    """How idempotent actions hold their keys and how long outcomes are kept.
+
+    Attributes:
+        window: seconds an outcome (result or permanent failure) is replayed after it was
+            recorded; past it the key is purged and the same action would run again.
+        hold_for: the in-flight lease of a reservation, renewed every third of it while the
+            action runs. A holder that crashes is taken over this long after its last renewal.
+        max_result_bytes: the largest encoded result; a larger one is refused (and stored as a
+            permanent failure, since the side effect did happen).
+        purge_every: seconds between this client's purges of keys past the window (stores
+            with their own expiry, such as Redis, need none).
+        purge_batch: the most keys one purge deletes.
+    """
+
+    window: float = 86_400.0
+    hold_for: float = 30.0
+    max_result_bytes: int = DEFAULT_MAX_BYTES
+    purge_every: float = 60.0
+    purge_batch: int = 1000
+
+    def __post_init__(self) -> None:
+        duration(self.window, "window")
+        duration(self.hold_for, "hold_for")
+        duration(self.purge_every, "purge_every")
+        integer(self.max_result_bytes, "max_result_bytes", low=16, high=512 * 1024 * 1024)
+        integer(self.purge_batch, "purge_batch", low=1, high=1_000_000)

@@ -36,6 +36,7 @@ from agentlease._events import logger
 from agentlease._heartbeat import Heartbeat, Held
 from agentlease._policy.retry import RetryPolicy
 from agentlease._records import Job, Lease
+from agentlease._scope import enter_task
 from agentlease._sync.queue import Queue
 from agentlease.errors import (
     AgentLeaseError,
@@ -292,6 +293,9 @@ class AsyncWorker:
     ) -> None:
         queue = self.queue
         lease = job.lease
+        # Idempotent actions inside the handler are keyed on this task (each job runs in a task
+        # of its own, so this context is the job's; a sync handler gets a copy of it).
+        enter_task(job.task_id, lease.attempt)
         try:
             try:
                 if self._async_handler is not None:

@@ -7,6 +7,7 @@ Every refusal is one of these classes, so callers can catch exactly what they me
     │   ├── InvalidName                         empty, too long or odd queue name / task id
     │   ├── InvalidDuration                     zero, negative or non-finite duration
     │   ├── InvalidURL                          malformed or unsupported backend URL
+    │   ├── MissingIdentity                     an idempotent action without a task or step id
     │   └── PayloadError                        payload, result or checkpoint refused
     │       ├── NotJSON                         not JSON-serialisable (never pickled)
     │       └── PayloadTooLarge                 over the configured size limit
@@ -14,6 +15,11 @@ Every refusal is one of these classes, so callers can catch exactly what they me
     │   ├── UnknownTask                         no task with that id
     │   └── UnknownQueue                        nothing was ever enqueued to that queue
     ├── LeaseLost                               a holder write with a stale or expired lease
+    ├── IdempotencyError                        an idempotent action was refused
+    │   ├── DuplicateInFlight                   another attempt holds the key now (retry_after)
+    │   ├── IdempotencyConflict                 the key was used with other arguments
+    │   ├── ReservationLost                     a holder write with a stale reservation token
+    │   └── ReplayedFailure                     a stored failure whose type is not known here
     ├── BackendError                            the store failed; the driver error is __cause__
     │   ├── BackendUnavailable                  cannot reach or open the store
     │   └── MissingDriver                       the backend's optional extra is not installed
@@ -30,16 +36,22 @@ __all__ = [
     "BackendError",
     "BackendUnavailable",
     "Cancelled",
+    "DuplicateInFlight",
+    "IdempotencyConflict",
+    "IdempotencyError",
     "InvalidDuration",
     "InvalidInput",
     "InvalidName",
     "InvalidURL",
     "LeaseLost",
     "MissingDriver",
+    "MissingIdentity",
     "NotFound",
     "NotJSON",
     "PayloadError",
     "PayloadTooLarge",
+    "ReplayedFailure",
+    "ReservationLost",
     "UnknownQueue",
     "UnknownTask",
     "WorkerError",
@@ -64,6 +76,10 @@ class InvalidDuration(InvalidInput):
 
 class InvalidURL(InvalidInput):
     """A backend URL is malformed or names an unsupported scheme."""
+
+
+class MissingIdentity(InvalidInput):
+    """An idempotent action has no task id or step id: its key cannot be derived safely."""
 
 
 class PayloadError(InvalidInput):
@@ -129,6 +145,74 @@ class LeaseLost(AgentLeaseError):
         self.current_attempt = current_attempt
         self.state = state
         self.reason = reason
+
+
+class IdempotencyError(AgentLeaseError):
+    """An idempotent action was refused, or its outcome could not be recorded."""
+
+    def __init__(self, message: str, key: str) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+class DuplicateInFlight(IdempotencyError):
+    """Another attempt holds this key's reservation now; retry after ``retry_after`` seconds.
+
+    ``retry_after`` is when the holder's in-flight lease runs out (store clock), so a retry then
+    either replays its outcome or takes the reservation over.
+    """
+
+    def __init__(self, key: str, retry_after: float, holder: str) -> None:
+        super().__init__(
+            f"idempotency key {key[:16]}... is in flight (held by {holder or 'another attempt'});"
+            f" retry after {retry_after:.3f} s",
+            key,
+        )
+        self.retry_after = retry_after
+        self.holder = holder
+
+
+class IdempotencyConflict(IdempotencyError):
+    """The key was first used with other arguments (a re-planned step): neither runs again."""
+
+    def __init__(self, key: str, stored_fingerprint: str, given_fingerprint: str) -> None:
+        super().__init__(
+            f"idempotency key {key[:16]}... was used with arguments {stored_fingerprint[:16]}..."
+            f" and is now given arguments {given_fingerprint[:16]}...",
+            key,
+        )
+        self.stored_fingerprint = stored_fingerprint
+        self.given_fingerprint = given_fingerprint
+
+
+class ReservationLost(IdempotencyError):
+    """A write with a stale reservation: the key was taken over, finished or purged.
+
+    Nothing was written. ``fence`` is the caller's fencing number and ``current_fence`` the key's
+    fencing number in the store now (``None`` if the key is gone), ``state`` its state.
+    """
+
+    def __init__(self, key: str, fence: int, current_fence: int | None, state: str | None) -> None:
+        super().__init__(
+            f"reservation of idempotency key {key[:16]}... lost: caller holds fence {fence},"
+            f" store has fence {current_fence} in state {state}",
+            key,
+        )
+        self.fence = fence
+        self.current_fence = current_fence
+        self.state = state
+
+
+class ReplayedFailure(IdempotencyError):
+    """The key's stored permanent failure, replayed, when its type is not one this call names.
+
+    Attributes ``error_type`` (module-qualified name) and ``error_message`` are the original's.
+    """
+
+    def __init__(self, key: str, error_type: str, error_message: str) -> None:
+        super().__init__(f"{error_type}: {error_message} (replayed failure)", key)
+        self.error_type = error_type
+        self.error_message = error_message
 
 
 class BackendError(AgentLeaseError):

@@ -6,10 +6,28 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 KEYS = {"name", "backend", "ops_per_s", "baseline_ops_per_s", "ratio", "tasks", "batch", "workers"}
+CLAIM_MODES = ("claim_complete", "claim_only")
+KEY_ROW_KEYS = {
+    "name",
+    "backend",
+    "mode",
+    "phase",
+    "calls",
+    "rounds",
+    "baseline",
+    "us_per_call",
+    "baseline_us_per_call",
+    "round_trips",
+    "ideal_round_trips",
+    "ops_per_s",
+    "baseline_ops_per_s",
+    "ratio",
+}
 
 
 def bench(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -28,7 +46,7 @@ def bench(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     [(None, "sqlite"), ("sqlite", "sqlite"), ("memory://", "memory")],
 )
 def test_bench_json_shape(tmp_path: Path, backend: str | None, kind: str) -> None:
-    args = ["--json", "--tasks", "200", "--processes", "2", "--batch", "20"]
+    args = ["--json", "--tasks", "200", "--processes", "2", "--batch", "20", "--keys", "0"]
     if backend == "sqlite":
         args += ["--backend", f"sqlite:///{tmp_path / 'bench.db'}"]
     elif backend is not None:
@@ -38,7 +56,8 @@ def test_bench_json_shape(tmp_path: Path, backend: str | None, kind: str) -> Non
 
     everything = json.loads(done.stdout)  # nothing but the JSON list on stdout
     assert isinstance(everything, list)
-    rows = [r for r in everything if "mode" in r]
+    rows = [r for r in everything if r.get("mode") in CLAIM_MODES]
+    assert len(rows) == len([r for r in everything if "mode" in r])  # --keys 0: no key rows
     (versus,) = [r for r in everything if "mode" not in r]
     assert versus["name"] == "claim+complete, batch 20 vs raw one at a time"
     assert versus["ratio"] == pytest.approx(
@@ -62,11 +81,55 @@ def test_bench_json_shape(tmp_path: Path, backend: str | None, kind: str) -> Non
     assert left == ({"bench.db"} if backend == "sqlite" else set())
 
 
+def check_key_rows(everything: list[dict[str, Any]], kind: str, calls: int) -> None:
+    """The two idempotency rows: their fields and arithmetic, never their speed."""
+    rows = [r for r in everything if r.get("mode") == "idempotent"]
+    assert [r["phase"] for r in rows] == ["first", "replay"]
+    assert [r["ideal_round_trips"] for r in rows] == [2.0, 1.0]
+    assert rows[0]["baseline"].endswith(", new key")
+    assert rows[1]["baseline"].endswith(", key present")
+    assert len({r["name"] for r in rows}) == 2
+    for row in rows:
+        assert row.keys() == KEY_ROW_KEYS
+        assert row["backend"] == kind
+        assert row["calls"] == calls
+        assert row["rounds"] == 3
+        assert row["us_per_call"] > 0
+        assert row["baseline_us_per_call"] > 0
+        assert row["round_trips"] == pytest.approx(
+            row["us_per_call"] / row["baseline_us_per_call"], rel=1e-2
+        )
+        assert row["ratio"] == pytest.approx(row["ops_per_s"] / row["baseline_ops_per_s"], abs=1e-3)
+
+
+@pytest.mark.parametrize(
+    ("backend", "kind"), [(None, "sqlite"), ("sqlite", "sqlite"), ("memory://", "memory")]
+)
+def test_bench_idempotency_rows(tmp_path: Path, backend: str | None, kind: str) -> None:
+    args = ["--json", "--tasks", "30", "--processes", "1", "--batch", "5", "--keys", "30"]
+    if backend == "sqlite":
+        args += ["--backend", f"sqlite:///{tmp_path / 'bench.db'}"]
+    elif backend is not None:
+        args += ["--backend", backend]
+    done = bench(*args, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    everything = json.loads(done.stdout)
+    check_key_rows(everything, kind, 30)
+    assert len([r for r in everything if r.get("mode") in CLAIM_MODES]) == 5
+    left = {p.name for p in tmp_path.iterdir()}  # the raw baselines' scratch files are gone
+    assert left == ({"bench.db"} if backend == "sqlite" else set())
+
+
 def test_bench_table(tmp_path: Path) -> None:
-    done = bench("--tasks", "30", "--processes", "1", "--backend", "memory://", cwd=tmp_path)
+    done = bench(
+        "--tasks", "30", "--processes", "1", "--keys", "9", "--backend", "memory://", cwd=tmp_path
+    )
     assert done.returncode == 0, done.stderr
     assert "claim+complete, batching off" in done.stdout
     assert "batch claim is" in done.stdout
+    assert "@idempotent around a no-op" in done.stdout
+    assert "first call" in done.stdout
+    assert "replay" in done.stdout
 
 
 def test_bench_bad_backend_exits_2(tmp_path: Path) -> None:
@@ -90,13 +153,16 @@ def test_bench_json_on_served_stores(
         "2",
         "--batch",
         "10",
+        "--keys",
+        "30",
         "--backend",
         url,
         cwd=tmp_path,
     )
     assert done.returncode == 0, done.stderr
     everything = json.loads(done.stdout)
-    rows = [r for r in everything if "mode" in r]
+    check_key_rows(everything, "postgresql" if kind == "postgres" else kind, 30)
+    rows = [r for r in everything if r.get("mode") in CLAIM_MODES]
     assert len(rows) == 5
     for row in rows:
         assert row.keys() >= KEYS

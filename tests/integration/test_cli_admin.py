@@ -429,3 +429,27 @@ def test_worker_exits_0_on_signal_after_finishing_its_job(
     assert b"worker stopped after 1 jobs" in stderr
     with al.Queue.connect(sqlite_url) as q:
         assert q.get("t0").result == "slept"
+
+
+def test_keys_show_and_purge(run, sqlite_url: str) -> None:
+    keys = al.Idempotency.connect(sqlite_url, settings=al.IdempotencySettings(window=0.2))
+    try:
+        done = keys.call(lambda: {"sent": 1}, tool="send", args={"to": "a"}, step="s", task_id="t")
+        held = keys.begin("charge", {"cents": 5}, step="c", task_id="t")
+        shown = json.loads(ok(run("keys", "show", done.key, "--json")).stdout)
+        assert shown["state"] == "done"
+        assert shown["result"] == {"sent": 1}
+        assert shown["fence"] == 1
+        flight = json.loads(ok(run("keys", "show", held.key, "--json")).stdout)
+        assert flight["state"] == "in_flight"
+        assert flight["in_flight_for"] > 0
+        assert str(os.getpid()) in flight["holder"]
+        assert "idempotency key" in ok(run("keys", "show", done.key)).stdout
+        time.sleep(0.5)
+        assert json.loads(ok(run("keys", "show", done.key, "--json")).stdout) is None
+        assert "purged 1 keys" in ok(run("keys", "purge")).stdout
+        assert ok(run("keys", "show", done.key)).stdout.startswith("no key")
+        assert "printable ASCII" in refused(run("keys", "show", "not a key"))
+        held.abandon()
+    finally:
+        keys.close()

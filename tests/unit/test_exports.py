@@ -5,6 +5,27 @@ from __future__ import annotations
 import agentlease
 
 PUBLIC = {
+    "Action",
+    "AsyncAction",
+    "AsyncIdempotency",
+    "AsyncIdempotentFunction",
+    "DuplicateInFlight",
+    "IdempotencyConflict",
+    "IdempotencyError",
+    "Idempotency",
+    "IdempotencySettings",
+    "IdempotentFunction",
+    "KeyRecord",
+    "KeyState",
+    "MissingIdentity",
+    "NotApplied",
+    "Outcome",
+    "ReplayedFailure",
+    "ReservationLost",
+    "current_fence",
+    "current_key",
+    "idempotency_scope",
+    "idempotent",
     "JSON",
     "AgentLeaseError",
     "AsyncBackend",
@@ -64,6 +85,8 @@ def test_sync_and_async_faces_have_the_same_method_names() -> None:
 
     assert methods(agentlease.Queue) == methods(agentlease.AsyncQueue)
     assert methods(agentlease.Worker) - {"processed"} <= methods(agentlease.AsyncWorker)
+    assert methods(agentlease.Idempotency) == methods(agentlease.AsyncIdempotency)
+    assert methods(agentlease.Action) == methods(agentlease.AsyncAction)
 
 
 def test_every_error_descends_from_one_root() -> None:
@@ -76,5 +99,5 @@ def test_every_error_descends_from_one_root() -> None:
 
 
 def test_every_public_name_is_documented() -> None:
-    for name in PUBLIC - {"JSON", "TaskState", "__version__"}:
+    for name in PUBLIC - {"JSON", "TaskState", "KeyState", "__version__"}:
         assert getattr(agentlease, name).__doc__, name

@@ -31,3 +31,4 @@ def test_readme_examples_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     assert lines[1] == "{'done': 1}"
     _task_id, attempt, current = lines[2].split()
     assert (attempt, current) == ("1", "1")
+    assert lines[3] == "False True True 1"

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, ParamSpec, TypeVar
 from agentlease._records import (
     Enqueued,
     Job,
+    KeyHold,
+    KeyRecord,
     Lease,
     LeaseInfo,
     LeaseTerms,
@@ -119,6 +121,29 @@ class ThreadedAsyncBackend:
 
     async def requeue_dead(self, queue: str, task_ids: Sequence[str] | None, front: bool) -> int:
         return await self._run(self._sync.requeue_dead, queue, task_ids, front)
+
+    async def reserve_key(
+        self, key: str, fingerprint: str, holder: str, hold_for: float, window: float
+    ) -> KeyHold | KeyRecord:
+        return await self._run(self._sync.reserve_key, key, fingerprint, holder, hold_for, window)
+
+    async def extend_key(self, hold: KeyHold, hold_for: float) -> KeyHold:
+        return await self._run(self._sync.extend_key, hold, hold_for)
+
+    async def complete_key(self, hold: KeyHold, result_json: bytes | None, window: float) -> None:
+        await self._run(self._sync.complete_key, hold, result_json, window)
+
+    async def fail_key(self, hold: KeyHold, error_json: bytes, window: float) -> None:
+        await self._run(self._sync.fail_key, hold, error_json, window)
+
+    async def release_key(self, hold: KeyHold) -> None:
+        await self._run(self._sync.release_key, hold)
+
+    async def get_key(self, key: str) -> KeyRecord | None:
+        return await self._run(self._sync.get_key, key)
+
+    async def purge_keys(self, limit: int) -> int:
+        return await self._run(self._sync.purge_keys, limit)
 
     async def close(self) -> None:
         if self._executor is None:

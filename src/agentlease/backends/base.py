@@ -9,6 +9,13 @@ callers pass durations.
 Every holder write (``extend``, ``complete``, ``fail``, ``release``, ``progress``) is fenced: it
 compares the lease's token and requires the lease to be live (``now < expires_at``) inside the
 same step, and a stale one raises :class:`~agentlease.errors.LeaseLost` and changes nothing.
+
+Idempotency keys (``*_key`` primitives) live beside the tasks, one record per key, unique in the
+store. A key moves ``absent -> in_flight -> done | failed`` (or back to absent-like on release),
+each transition one atomic step. The holder of an in-flight reservation proves it with the
+token of its :class:`~agentlease._records.KeyHold`; a write with another token raises
+:class:`~agentlease.errors.ReservationLost` and changes nothing. A key whose ``purge_at`` has
+passed counts as absent, whether or not the store has deleted it yet.
 """
 
 from __future__ import annotations
@@ -19,6 +26,8 @@ from typing import Protocol
 from agentlease._records import (
     Enqueued,
     Job,
+    KeyHold,
+    KeyRecord,
     Lease,
     LeaseInfo,
     LeaseTerms,
@@ -128,6 +137,60 @@ class Backend(Protocol):
         """
         ...
 
+    # -- idempotency keys ------------------------------------------------------------------------
+
+    def reserve_key(
+        self, key: str, fingerprint: str, holder: str, hold_for: float, window: float
+    ) -> KeyHold | KeyRecord:
+        """Reserve ``key`` for one attempt, or report why not, in one atomic step.
+
+        Reserves (returns a :class:`KeyHold` with a fresh random token) when the key is absent
+        or past its ``purge_at`` (fence 1, or the old fence + 1 if the row is still there), or
+        when it is ``in_flight`` with ``expires_at <= now`` and either the same ``fingerprint``
+        or no holder (released): a takeover, fence + 1, ``taken_over=True``. A reservation
+        stores ``fingerprint`` and ``holder``, ``expires_at = now + hold_for`` and
+        ``purge_at = expires_at + window``.
+
+        Otherwise returns the key's :class:`KeyRecord` unchanged: ``done`` or ``failed`` (a
+        replay), ``in_flight`` and live (a duplicate), or a different fingerprint (a conflict;
+        an expired reservation is never taken over with other arguments).
+        """
+        ...
+
+    def extend_key(self, hold: KeyHold, hold_for: float) -> KeyHold:
+        """Extend an in-flight reservation to ``now + hold_for`` (and ``purge_at`` with it),
+        fenced by its token; raises ReservationLost if it is not held.
+
+        A holder whose in-flight lease ran out still holds the key until another attempt takes
+        it over: the token, not the clock, decides.
+        """
+        ...
+
+    def complete_key(self, hold: KeyHold, result_json: bytes | None, window: float) -> None:
+        """Store the action's result: ``done``, ``finished_at = now``,
+        ``purge_at = now + window``, no holder; fenced by the token (ReservationLost)."""
+        ...
+
+    def fail_key(self, hold: KeyHold, error_json: bytes, window: float) -> None:
+        """Store the action's permanent failure: ``failed``, as :meth:`complete_key` otherwise."""
+        ...
+
+    def release_key(self, hold: KeyHold) -> None:
+        """Give the reservation up (the action is known not to have applied): the key stays
+        ``in_flight`` with no holder and ``expires_at = now``, so the next reserve takes it
+        over at once with the next fence, whatever its arguments; fenced by the token."""
+        ...
+
+    def get_key(self, key: str) -> KeyRecord | None:
+        """Read one key; ``None`` if it is absent or past its ``purge_at``."""
+        ...
+
+    def purge_keys(self, limit: int) -> int:
+        """Delete up to ``limit`` keys whose ``purge_at`` has passed, oldest first, through an
+        index on ``purge_at`` (never a scan of live keys); returns how many were deleted. A
+        store that expires keys itself (Redis TTLs) returns 0."""
+        ...
+
     def close(self) -> None:
         """Release connections."""
         ...
@@ -166,6 +229,17 @@ class AsyncBackend(Protocol):
     async def requeue_dead(
         self, queue: str, task_ids: Sequence[str] | None, front: bool
     ) -> int: ...
+    async def reserve_key(
+        self, key: str, fingerprint: str, holder: str, hold_for: float, window: float
+    ) -> KeyHold | KeyRecord: ...
+    async def extend_key(self, hold: KeyHold, hold_for: float) -> KeyHold: ...
+    async def complete_key(
+        self, hold: KeyHold, result_json: bytes | None, window: float
+    ) -> None: ...
+    async def fail_key(self, hold: KeyHold, error_json: bytes, window: float) -> None: ...
+    async def release_key(self, hold: KeyHold) -> None: ...
+    async def get_key(self, key: str) -> KeyRecord | None: ...
+    async def purge_keys(self, limit: int) -> int: ...
     async def close(self) -> None: ...
 
     async def wait_for_work(self, queue: str, timeout: float) -> None:

@@ -4,6 +4,8 @@ Each primitive runs under one lock, so it is one atomic step for every thread of
 Ready tasks sit in a heap per queue, ordered by (priority descending, sequence); scheduled tasks
 and leases sit in heaps by time. Heap entries are validated when popped (lazy deletion), so claim,
 extend and complete cost O(log n) and the reaper's cost grows with the expired leases only.
+Idempotency keys live in a :class:`~agentlease.backends._memory_keys.KeyTable` under the same
+lock.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from agentlease._policy.lease import front_seq, is_live, lease_expiry, lost_reas
 from agentlease._records import (
     Enqueued,
     Job,
+    KeyHold,
+    KeyRecord,
     Lease,
     LeaseInfo,
     LeaseTerms,
@@ -30,6 +34,7 @@ from agentlease._records import (
     Task,
     TaskState,
 )
+from agentlease.backends._memory_keys import KeyTable
 from agentlease.backends._threaded import ThreadedAsyncBackend
 from agentlease.backends.base import AsyncBackend
 from agentlease.errors import LeaseLost, UnknownQueue, UnknownTask
@@ -70,6 +75,7 @@ class MemoryBackend:
         self._lanes: dict[str, _Lane] = {}
         self._dedup: dict[tuple[str, str], str] = {}
         self._seq = 0
+        self._keys = KeyTable()
 
     # -- helpers (called with the lock held) ---------------------------------------------------
 
@@ -418,6 +424,36 @@ class MemoryBackend:
                 self._push_ready(lane, row)
                 count += 1
             return count
+
+    def reserve_key(
+        self, key: str, fingerprint: str, holder: str, hold_for: float, window: float
+    ) -> KeyHold | KeyRecord:
+        with self._lock:
+            return self._keys.reserve(key, fingerprint, holder, hold_for, window, self._clock())
+
+    def extend_key(self, hold: KeyHold, hold_for: float) -> KeyHold:
+        with self._lock:
+            return self._keys.extend(hold, hold_for, self._clock())
+
+    def complete_key(self, hold: KeyHold, result_json: bytes | None, window: float) -> None:
+        with self._lock:
+            self._keys.finish(hold, "done", result_json, None, window, self._clock())
+
+    def fail_key(self, hold: KeyHold, error_json: bytes, window: float) -> None:
+        with self._lock:
+            self._keys.finish(hold, "failed", None, error_json, window, self._clock())
+
+    def release_key(self, hold: KeyHold) -> None:
+        with self._lock:
+            self._keys.release(hold, self._clock())
+
+    def get_key(self, key: str) -> KeyRecord | None:
+        with self._lock:
+            return self._keys.get(key, self._clock())
+
+    def purge_keys(self, limit: int) -> int:
+        with self._lock:
+            return self._keys.purge(limit, self._clock())
 
     def close(self) -> None:
         """Nothing to release: the tasks live as long as this object."""

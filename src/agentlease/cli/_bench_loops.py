@@ -22,6 +22,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
+from urllib.parse import parse_qsl, urlsplit
 
 import click
 import orjson
@@ -34,9 +35,20 @@ from agentlease.backends._sqlfile import queries
 from agentlease.backends.base import Backend
 from agentlease.backends.memory import MemoryBackend
 
-__all__ = ["Driver", "Library", "RawMemory", "RawSQLite", "Target", "drain_together"]
+__all__ = [
+    "ROUNDS",
+    "Driver",
+    "Library",
+    "RawMemory",
+    "RawSQLite",
+    "Target",
+    "drain_together",
+    "split",
+    "sqlite_synchronous",
+]
 
 Mode = Literal["claim_complete", "claim_only"]
+ROUNDS = 3
 LEASE_FOR = 30.0  # QueueSettings' defaults, which the library rows run with
 MAX_LEASE = 3600.0
 FILL_CHUNK = 1000
@@ -57,6 +69,17 @@ class Driver(Protocol):
     def close(self) -> None:
         """Release the store."""
         ...
+
+
+def split(tasks: int, rounds: int) -> tuple[int, ...]:
+    """``tasks`` split into at most ``rounds`` near-equal, non-empty rounds."""
+    rounds = max(1, min(rounds, tasks))
+    return tuple(tasks // rounds + (1 if i < tasks % rounds else 0) for i in range(rounds))
+
+
+def sqlite_synchronous(url: str) -> str:
+    """The ``synchronous`` PRAGMA a SQLite URL asks for (the backend's default: NORMAL)."""
+    return dict(parse_qsl(urlsplit(url).query)).get("synchronous", "NORMAL").upper()
 
 
 def _payload(i: int) -> dict[str, JSON]:

@@ -10,7 +10,9 @@ returns what any worker needs (id, token, attempt, payload); the library returns
 
 :func:`latency_and_extend` measures what the design promises about scale: the claim latency
 (p50, p99) with 1,000 and with 1,000,000 tasks queued, and the time of one ``extend`` call for
-10,000 live leases. Run both from a shell::
+10,000 live leases. :class:`RawPostgresKeys` is the baseline of the idempotency rows (see
+:mod:`agentlease.cli._bench_keys`): one ``INSERT ... ON CONFLICT DO NOTHING`` per key on a pooled
+autocommit connection. Run them all from a shell::
 
     python -m agentlease.cli._bench_postgres postgresql://user@host/db [--tasks N] [--latency]
 """
@@ -21,21 +23,31 @@ import statistics
 import sys
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, LiteralString
 
 import psycopg
 from psycopg import sql
+from psycopg_pool import ConnectionPool
 
 from agentlease._sync.queue import Queue
 from agentlease.backends import connect
 from agentlease.backends._postgres_url import PostgresSettings, parse
 from agentlease.backends._sync.postgres_schema import migrate
+from agentlease.cli._bench_keys import DEFAULT_CALLS, KeyRow, LibraryKeys, run_keys
 from agentlease.cli._bench_loops import Driver, Library, Mode, Target
 from agentlease.cli.bench import Row, Stores, cases, run_bench
 from agentlease.errors import InvalidURL
 
-__all__ = ["PostgresStores", "PostgresTarget", "RawPostgres", "latency_and_extend"]
+__all__ = [
+    "PostgresStores",
+    "PostgresTarget",
+    "RawPostgres",
+    "RawPostgresKeys",
+    "compare_keys",
+    "latency_and_extend",
+]
 
 FILL: LiteralString = """
 WITH q AS (INSERT INTO agentlease_queues (name) VALUES (%(queue)s) ON CONFLICT DO NOTHING)
@@ -73,6 +85,12 @@ SET state = 'done', finished_at = clock_timestamp(), token = NULL, expires_at = 
 FROM unnest(%(ids)s::text[], %(tokens)s::text[]) AS d(id, token)
 WHERE t.id = d.id AND t.token = d.token AND t.state = 'leased'
   AND t.expires_at > clock_timestamp()
+"""
+
+RAW_KEY_INSERT: LiteralString = """
+INSERT INTO agentlease_keys (key, state, fingerprint, fence, holder, created_at, purge_at)
+VALUES (%(key)s, 'done', '', 1, '', clock_timestamp(), clock_timestamp() + interval '1 day')
+ON CONFLICT DO NOTHING
 """
 
 
@@ -188,6 +206,65 @@ def compare(url: str, tasks: int, processes: int = 4, batch: int = 50) -> list[R
         _drop(library)
 
 
+class RawPostgresKeys:
+    """The baseline of the idempotency rows: one ``INSERT ... ON CONFLICT DO NOTHING`` per key
+    into ``agentlease_keys`` of a fresh schema (the library's migrations, dropped on close), on
+    an autocommit connection taken from a psycopg pool for each call, as the library does."""
+
+    operation = "INSERT ... ON CONFLICT DO NOTHING"
+
+    def __init__(self, url: str) -> None:
+        self.settings = _fresh_schema(parse(url), "agentlease_raw")
+        self.pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
+            self.settings.conninfo,
+            kwargs=self.settings.connect_kwargs(),
+            min_size=1,
+            max_size=1,
+            open=False,
+            name="agentlease-bench-raw",
+        )
+        try:
+            self.pool.open(wait=True)
+        except BaseException:
+            _drop(self.settings)
+            raise
+
+    def put(self, keys: Sequence[str]) -> int:
+        pool = self.pool
+        new = 0
+        for key in keys:
+            conn = pool.getconn()
+            try:
+                new += conn.execute(RAW_KEY_INSERT, {"key": key}).rowcount
+            finally:
+                pool.putconn(conn)
+        return new
+
+    def close(self) -> None:
+        try:
+            self.pool.close()
+        finally:
+            _drop(self.settings)
+
+
+def compare_keys(url: str, calls: int) -> list[KeyRow]:
+    """The idempotency rows: ``@idempotent`` around a no-op on a fresh library schema next to
+    ``url``'s, beside the raw insert in another fresh schema (both dropped afterwards)."""
+    library_settings = _fresh_schema(parse(url), "agentlease_bench")
+    try:
+        library = LibraryKeys(connect(library_settings.url))
+        try:
+            raw = RawPostgresKeys(url)
+            try:
+                return run_keys("postgresql", library, raw, calls)
+            finally:
+                raw.close()
+        finally:
+            library.close()
+    finally:
+        _drop(library_settings)
+
+
 def _claim_latencies(q: Queue, queues: tuple[str, str], samples: int) -> list[list[float]]:
     """Time ``samples`` claims of one task from each queue, alternating between them, so that
     whatever else the machine does (autovacuum, checkpoints) lands on both alike."""
@@ -282,6 +359,8 @@ def main(argv: list[str]) -> int:
     console.print(_table(rows, url))
     for row in rows:
         print(row.as_json())
+    for key_row in compare_keys(url, DEFAULT_CALLS):
+        print(key_row.as_json())
     if "--latency" in argv:
         print(latency_and_extend(url))
     return 0

@@ -12,6 +12,9 @@ and with a million-task queue (the cost must not grow with depth), one heartbeat
 10,000 leases, and a reap with nothing expired beside one with 1,000 expired leases (the
 reaper's cost grows with the expired leases, not with the queue).
 
+:class:`RawRedisKeys` is the baseline of the idempotency rows (see
+:mod:`agentlease.cli._bench_keys`): ``SET key value NX`` through the same client.
+
 Run everything against one server with ``python -m agentlease.cli._bench_redis redis://...``.
 """
 
@@ -23,6 +26,7 @@ import statistics
 import sys
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,15 +37,18 @@ from agentlease._records import TaskSpec
 from agentlease._sync.queue import Queue
 from agentlease.backends import connect
 from agentlease.backends._redis_url import parse
+from agentlease.cli._bench_keys import DEFAULT_CALLS, KeyRow, LibraryKeys, run_keys
 from agentlease.cli._bench_loops import FILL_CHUNK, LEASE_FOR, Driver, Library, Mode, Target
 from agentlease.cli.bench import Row, Stores, cases, run_bench
 from agentlease.errors import InvalidURL
 
 __all__ = [
     "RawRedis",
+    "RawRedisKeys",
     "RawRedisTarget",
     "RedisStores",
     "compare",
+    "compare_keys",
     "latency_and_extend",
     "raw_url",
 ]
@@ -207,6 +214,56 @@ def compare(url: str, *, tasks: int = 30_000, batch: int = 50, processes: int = 
         _drop(url, prefix)
 
 
+class RawRedisKeys:
+    """The baseline of the idempotency rows: one ``SET key value NX`` per key, through the
+    client the library uses (``execute_command``, as the library sends its scripts).
+
+    Args:
+        url: a ``redis://`` URL; its ``prefix`` names the baseline's keys, deleted on close.
+    """
+
+    operation = "SET key value NX"
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.prefix = parse(url).prefix
+        self.client = _client(url)
+
+    def put(self, keys: Sequence[str]) -> int:
+        execute: Any = self.client.execute_command
+        prefix = self.prefix
+        new = 0
+        for key in keys:
+            if execute("SET", f"{prefix}:key:{{{key}}}", b"1", "NX"):
+                new += 1
+        return new
+
+    def close(self) -> None:
+        try:
+            _drop(self.url, self.prefix)
+        finally:
+            self.client.close()
+
+
+def compare_keys(url: str, calls: int) -> list[KeyRow]:
+    """The idempotency rows on ``url``: ``@idempotent`` around a no-op beside ``SET NX``, each
+    under a fresh prefix, deleted afterwards."""
+    prefix = f"bench-{uuid.uuid4().hex[:8]}"
+    target = _with_prefix(url, prefix)
+    try:
+        library = LibraryKeys(connect(target))
+        try:
+            raw = RawRedisKeys(raw_url(target))
+            try:
+                return run_keys("rediss" if parse(url).tls else "redis", library, raw, calls)
+            finally:
+                raw.close()
+        finally:
+            library.close()
+    finally:
+        _drop(url, prefix)
+
+
 def _percentiles(samples: list[float]) -> tuple[float, float]:
     cuts = statistics.quantiles(samples, n=100, method="inclusive")
     return cuts[49] * 1e3, cuts[98] * 1e3
@@ -305,6 +362,8 @@ def main(argv: list[str]) -> int:
     tasks = int(argv[1]) if len(argv) > 1 else 30_000
     rows = compare(url, tasks=tasks)
     print(json.dumps({"rows": [r.as_json() for r in rows]}, indent=1), flush=True)
+    keys = compare_keys(url, DEFAULT_CALLS)
+    print(json.dumps({"keys": [r.as_json() for r in keys]}, indent=1), flush=True)
     print(json.dumps(latency_and_extend(url), indent=1), flush=True)
     return 0
 

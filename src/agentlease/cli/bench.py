@@ -1,8 +1,9 @@
-"""The ``bench`` command: claim and complete throughput through the library, each row beside a
-raw baseline measured in the same run on the same kind of store with the same driver.
+"""The ``bench`` command: claim and complete throughput, and the cost of ``@idempotent``, through
+the library, each row beside a raw baseline measured in the same run on the same kind of store
+with the same driver.
 
-Each row drains ``--tasks`` freshly enqueued tasks in three rounds that alternate with its
-baseline's, and reports each side's best round; only the claim/complete loops are timed. Rows:
+Each throughput row drains ``--tasks`` freshly enqueued tasks in three rounds that alternate with
+its baseline's, and reports each side's best round; only the claim/complete loops are timed. Rows:
 
 * claim+complete, batching off: ``claim(n=1)`` then ``complete``, one task at a time;
 * claim+complete, batch B: ``claim(n=B)`` then ``complete`` each;
@@ -14,6 +15,15 @@ The baseline of a SQLite row issues the backend's own statements from ``sql/sqli
 through :mod:`sqlite3` on a fresh database with the same schema and PRAGMAs, in the same loop
 shape; the baseline of a memory row calls the :class:`~agentlease.MemoryBackend` primitives
 without the client. See :mod:`agentlease.cli._bench_loops`.
+
+Then two idempotency rows (``--keys`` calls each, 0 to skip), in microseconds per call and in
+raw operations per call (see :mod:`agentlease.cli._bench_keys`):
+
+* idempotent no-op, first call: ``@idempotent`` around a function that does nothing, with new
+  arguments (reserve + complete: ideally 2 raw round trips), beside one minimal atomic write of
+  a new key on the same store with the same driver;
+* idempotent no-op, replay: the same calls again (one reserve that finds the outcome: ideally
+  1), beside the same write of a key that is present.
 """
 
 from __future__ import annotations
@@ -28,7 +38,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import urlsplit
 
 import click
 from rich import box
@@ -39,7 +49,9 @@ from agentlease._codec import JSON
 from agentlease.backends import connect
 from agentlease.backends.memory import MemoryBackend
 from agentlease.cli._app import cli, console, err_console
+from agentlease.cli._bench_keys import DEFAULT_CALLS, KeyRow, keys_table, local_keys
 from agentlease.cli._bench_loops import (
+    ROUNDS,
     Driver,
     Library,
     Mode,
@@ -47,6 +59,8 @@ from agentlease.cli._bench_loops import (
     RawSQLite,
     Target,
     drain_together,
+    split,
+    sqlite_synchronous,
 )
 from agentlease.cli.admin import print_json, reports_errors
 from agentlease.errors import InvalidURL
@@ -54,7 +68,6 @@ from agentlease.errors import InvalidURL
 __all__ = ["Case", "Row", "run_bench"]
 
 DEFAULT_TASKS = 30_000
-ROUNDS = 3
 Side = Literal["library", "raw"]
 
 
@@ -134,8 +147,7 @@ class Stores:
         if self.kind == "memory":
             return RawMemory(MemoryBackend())
         if self.kind == "sqlite":
-            query = dict(parse_qsl(urlsplit(url).query))
-            synchronous = query.get("synchronous", "NORMAL").upper()
+            synchronous = sqlite_synchronous(url)
             raw_path = str(scratch / "raw.db")
             self.targets = (Target("library", url), Target("raw", raw_path, synchronous))
             return RawSQLite(raw_path, synchronous)
@@ -186,12 +198,6 @@ def _measure(stores: Stores, side: Side, case: Case, queue: str, tasks: int) -> 
     if claimed != tasks:
         raise click.ClickException(f"{case.name} ({side}) claimed {claimed} of {tasks} tasks")
     return max(seconds, 1e-9)
-
-
-def split(tasks: int, rounds: int) -> tuple[int, ...]:
-    """``tasks`` split into at most ``rounds`` near-equal, non-empty rounds."""
-    rounds = max(1, min(rounds, tasks))
-    return tuple(tasks // rounds + (1 if i < tasks % rounds else 0) for i in range(rounds))
 
 
 def run_bench(
@@ -319,31 +325,53 @@ def _scratch(url: str | None) -> Iterator[tuple[str, Path]]:
     help="Redis/PostgreSQL: also claim latency with 1,000,000 vs 1,000 queued, and one extend "
     "of 10,000 leases (fills a million tasks: minutes).",
 )
+@click.option(
+    "--keys",
+    type=click.IntRange(min=0),
+    default=DEFAULT_CALLS,
+    show_default=True,
+    help="Calls of each idempotency row (first calls, then replays of them), split over 3 "
+    "rounds, beside as many raw writes; 0 skips the rows.",
+)
 @reports_errors
 def bench(
-    url: str | None, as_json: bool, tasks: int, processes: int, batch: int, latency: bool
+    url: str | None,
+    as_json: bool,
+    tasks: int,
+    processes: int,
+    batch: int,
+    latency: bool,
+    keys: int,
 ) -> None:
-    """Measure claim+complete throughput through the library beside a raw baseline.
+    """Measure claim+complete throughput and the cost of @idempotent beside raw baselines.
 
     Each row's baseline runs the same store kind and driver with no library: for SQLite the
     backend's own statements through sqlite3 on a fresh database; for Redis a minimal claim
     script and a minimal complete script through redis-py; for PostgreSQL one FOR UPDATE SKIP
     LOCKED claim statement and one complete statement through psycopg; for memory the backend's
-    primitives without the client. Redis and PostgreSQL rows run in a fresh key prefix or schema,
-    deleted afterwards; on a SQLite --backend, tasks are left in bench-* queues.
+    primitives without the client.
+
+    Then @idempotent around a no-op, first calls and replays, in microseconds and in raw
+    operations per call, beside one minimal atomic write per key: INSERT OR IGNORE in its own
+    transaction (SQLite), SET NX (Redis), INSERT ... ON CONFLICT DO NOTHING (PostgreSQL), a dict
+    insert under a lock (memory). Ideally a first call costs 2 and a replay 1.
+
+    Redis and PostgreSQL rows run in a fresh key prefix or schema, deleted afterwards; on a
+    SQLite --backend, tasks are left in bench-* queues and keys in its idempotency table.
     """
     kind = urlsplit(url).scheme.lower() if url else "sqlite"
     if kind in SERVED:
-        _bench_served(url or "", kind, as_json, tasks, processes, batch, latency)
+        _bench_served(url or "", kind, as_json, tasks, processes, batch, latency, keys)
         return
     with _scratch(url) as (target, scratch):
         stores = Stores(target, scratch)
         try:
             plan = cases(processes, batch, stores.kind)
             if not as_json:
+                also = f" and 2 rows x {keys} idempotent calls" if keys else ""
                 err_console.print(
-                    f"bench: {len(plan)} rows x {tasks} tasks in {ROUNDS} rounds, each beside "
-                    f"its raw baseline, on {target}",
+                    f"bench: {len(plan)} rows x {tasks} tasks{also} in {ROUNDS} rounds, each "
+                    f"beside its raw baseline, on {target}",
                     soft_wrap=True,
                 )
             columns = (
@@ -357,28 +385,48 @@ def bench(
                 *columns, console=err_console, transient=True, auto_refresh=False
             ) as progress:
                 rows = run_bench(stores, plan, tasks, progress=progress)
+                key_rows = local_keys(target, scratch, keys, progress) if keys else []
         finally:
             stores.close()
     if as_json:
-        print_json([r.as_json() for r in rows] + _versus_one_at_a_time(rows))
+        print_json(
+            [r.as_json() for r in rows]
+            + _versus_one_at_a_time(rows)
+            + [r.as_json() for r in key_rows]
+        )
         return
     console.print(_table(rows, target))
+    if key_rows:
+        console.print(keys_table(key_rows, target))
 
 
 SERVED = ("redis", "rediss", "postgresql", "postgres")
 
 
 def _bench_served(
-    url: str, kind: str, as_json: bool, tasks: int, processes: int, batch: int, latency: bool
+    url: str,
+    kind: str,
+    as_json: bool,
+    tasks: int,
+    processes: int,
+    batch: int,
+    latency: bool,
+    keys: int,
 ) -> None:
     """The rows on Redis or PostgreSQL, each backend's own ``compare`` in fresh namespaces."""
     if not as_json:
-        err_console.print(f"bench: {tasks} tasks a row on {url} (fresh namespace)", soft_wrap=True)
+        also = f" and {keys} idempotent calls" if keys else ""
+        err_console.print(
+            f"bench: {tasks} tasks a row{also} on {url} (fresh namespace)", soft_wrap=True
+        )
     extra: list[dict[str, JSON]] = []
+    key_rows: list[KeyRow] = []
     if kind.startswith("redis"):
         from agentlease.cli import _bench_redis
 
         rows = _bench_redis.compare(url, tasks=tasks, batch=batch, processes=processes)
+        if keys:
+            key_rows = _bench_redis.compare_keys(url, keys)
         if latency:
             f = _bench_redis.latency_and_extend(url)
             extra = _latency_rows(
@@ -391,6 +439,8 @@ def _bench_served(
         from agentlease.cli import _bench_postgres
 
         rows = _bench_postgres.compare(url, tasks, processes=processes, batch=batch)
+        if keys:
+            key_rows = _bench_postgres.compare_keys(url, keys)
         if latency:
             f = _bench_postgres.latency_and_extend(url)
             extra = _latency_rows(
@@ -399,11 +449,14 @@ def _bench_served(
                 (f["p50_shallow"], f["p99_shallow"]),
                 f["extend_ms"],
             )
+    versus = _versus_one_at_a_time(rows)
     if as_json:
-        print_json([r.as_json() for r in rows] + _versus_one_at_a_time(rows) + extra)
+        print_json([r.as_json() for r in rows] + versus + [r.as_json() for r in key_rows] + extra)
         return
     console.print(_table(rows, url))
-    for item in _versus_one_at_a_time(rows) + extra:
+    if key_rows:
+        console.print(keys_table(key_rows, url))
+    for item in versus + extra:
         console.print(f"{item['name']}: ratio {item['ratio']}  {item.get('detail', '')}")
 
 

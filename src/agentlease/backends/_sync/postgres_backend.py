@@ -16,6 +16,12 @@ connection in autocommit mode, so each is its own transaction and one round trip
   ``agentlease_extend()`` (two arrays: ids and tokens), one transaction at one clock reading.
 * ``enqueue`` inserts the whole batch in one statement (all or nothing); writes that make work
   ready send ``pg_notify`` in that same statement, delivered only if it commits.
+* idempotency keys live in ``agentlease_keys`` (migration ``0002_keys``): ``reserve_key`` is
+  one call of ``agentlease_reserve_key()``, which inserts the key (``ON CONFLICT DO NOTHING``: the
+  primary key lets exactly one concurrent reserver win) or locks the row and takes it over or
+  reports it; the holder writes are one ``UPDATE`` each, fenced by the token (not the clock),
+  and a refusal reads the key again to say why; ``purge_keys`` is one ``DELETE`` through the
+  index on ``purge_at``. Results and errors are ``bytea``, kept as the client's bytes.
 
 Concurrent claims never wait on each other (SKIP LOCKED); a holder's write and a reaper meet on
 the row lock, and the loser re-checks the row and finds it has moved on. All times come from
@@ -45,6 +51,8 @@ from agentlease._policy.lease import lost_reason
 from agentlease._records import (
     Enqueued,
     Job,
+    KeyHold,
+    KeyRecord,
     Lease,
     LeaseInfo,
     LeaseTerms,
@@ -52,6 +60,7 @@ from agentlease._records import (
     QueueStats,
     Reaped,
     Task,
+    key_record_from_row,
     renewed_leases,
 )
 from agentlease.backends import _postgres_driver as pg
@@ -68,7 +77,13 @@ from agentlease.backends._postgres_driver import (
 )
 from agentlease.backends._postgres_url import PostgresSettings
 from agentlease.backends.base import Backend
-from agentlease.errors import BackendUnavailable, LeaseLost, UnknownQueue, UnknownTask
+from agentlease.errors import (
+    BackendUnavailable,
+    LeaseLost,
+    ReservationLost,
+    UnknownQueue,
+    UnknownTask,
+)
 
 from .postgres_listener import Listener
 from .postgres_schema import migrate
@@ -81,6 +96,12 @@ STATES = ("scheduled", "queued", "leased", "failed", "done", "dead")
 
 def _configure(conn: Connection[Any]) -> None:
     configure(conn)
+
+
+def _bytea(value: bytes | None) -> memoryview | None:
+    """Bytes to send as ``bytea``: the pool's connections send ``bytes`` as ``json`` (see
+    :func:`~agentlease.backends._postgres_driver.configure`), and a memoryview as bytea."""
+    return None if value is None else memoryview(value)
 
 
 class PostgresBackend:
@@ -395,6 +416,74 @@ class PostgresBackend:
         if not exists:
             raise UnknownQueue(queue)
         return int(requeued)
+
+    # -- idempotency keys -------------------------------------------------------------------------
+
+    def reserve_key(
+        self, key: str, fingerprint: str, holder: str, hold_for: float, window: float
+    ) -> KeyHold | KeyRecord:
+        params = {
+            "key": key,
+            "fingerprint": fingerprint,
+            "holder": holder,
+            "hold_for": float(hold_for),
+            "window": float(window),
+        }
+        ((token, taken_over, *row, now),) = self._fetch(Q["key_reserve"], params)
+        if token is None:
+            return key_record_from_row(row, now)
+        return KeyHold(key, token, row[3], row[5], taken_over)
+
+    def _key_lost(self, hold: KeyHold) -> ReservationLost:
+        rows = self._fetch(Q["key_fence"], {"key": hold.key})
+        fence, state = rows[0] if rows else (None, None)
+        return ReservationLost(hold.key, hold.fence, fence, state)
+
+    def extend_key(self, hold: KeyHold, hold_for: float) -> KeyHold:
+        params = {"key": hold.key, "token": hold.token, "hold_for": float(hold_for)}
+        rows = self._fetch(Q["key_extend"], params)
+        if not rows:
+            raise self._key_lost(hold)
+        return KeyHold(hold.key, hold.token, hold.fence, rows[0][0], hold.taken_over)
+
+    def complete_key(self, hold: KeyHold, result_json: bytes | None, window: float) -> None:
+        self._finish_key(hold, "done", result_json, None, window)
+
+    def fail_key(self, hold: KeyHold, error_json: bytes, window: float) -> None:
+        self._finish_key(hold, "failed", None, error_json, window)
+
+    def _finish_key(
+        self,
+        hold: KeyHold,
+        state: str,
+        result_json: bytes | None,
+        error_json: bytes | None,
+        window: float,
+    ) -> None:
+        params = {
+            "key": hold.key,
+            "token": hold.token,
+            "state": state,
+            "result": _bytea(result_json),
+            "error": _bytea(error_json),
+            "window": float(window),
+        }
+        if self._write(Q["key_finish"], params) != 1:
+            raise self._key_lost(hold)
+
+    def release_key(self, hold: KeyHold) -> None:
+        if self._write(Q["key_release"], {"key": hold.key, "token": hold.token}) != 1:
+            raise self._key_lost(hold)
+
+    def get_key(self, key: str) -> KeyRecord | None:
+        rows = self._fetch(Q["key_get"], {"key": key})
+        if not rows:
+            return None
+        *row, now = rows[0]
+        return key_record_from_row(row, now)
+
+    def purge_keys(self, limit: int) -> int:
+        return self._write(Q["key_purge"], {"limit": limit})
 
     def wait_for_work(self, queue: str, timeout: float) -> None:
         """Return when ``queue`` is notified (LISTEN/NOTIFY) or after ``timeout`` seconds."""

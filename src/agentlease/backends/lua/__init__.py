@@ -2,9 +2,10 @@
 
 One ``.lua`` file per primitive, each with a header listing its KEYS, ARGV and return value,
 read here with :mod:`importlib.resources`. ``_lib.lua`` holds what they share (the task record's
-layout, the store's clock, the lease arithmetic, fencing, reaping); each script gets the helpers
-its ``-- helpers:`` line names, prepended after its ``#!lua`` line. Scripts are called by SHA and
-loaded again on NOSCRIPT (after a restart, a failover or ``SCRIPT FLUSH``); see
+layout, the store's clock, the lease arithmetic, fencing, reaping) and ``_keys.lua`` what the
+idempotency-key scripts share (the key record's layout, its fencing); each script gets the
+helpers its ``-- helpers:`` line names, prepended after its ``#!lua`` line. Scripts are called
+by SHA and loaded again on NOSCRIPT (after a restart, a failover or ``SCRIPT FLUSH``); see
 ``_async/redis_link.py``.
 
 Key layout. Every key of one queue carries the hash tag ``{<prefix>:<queue>}``, so a queue lives
@@ -27,6 +28,10 @@ on one Redis Cluster shard and every script is given all the keys it touches:
 ``{p:q}:k``                 hash: dedup key -> task id
 ``p:ids``                   hash: task id -> queue (ids are unique across queues)
 ``p:queues``                set: every queue enqueued to
+``p:key:{k}``               hash: idempotency key ``k`` (its own hash tag, so keys spread over
+                            a cluster): state, fingerprint, fence, holder, token, times,
+                            result or error, last request nonce (see ``_keys.lua``); Redis
+                            expires it at its purge time
 =========================== ================================================================
 
 A queued task with a small payload costs about 500 bytes of Redis memory in all (its record,
@@ -42,7 +47,18 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any
 
-from agentlease._records import Enqueued, Job, Lease, LeaseInfo, Reaped, Task, TaskState
+from agentlease._records import (
+    Enqueued,
+    Job,
+    KeyHold,
+    KeyRecord,
+    KeyState,
+    Lease,
+    LeaseInfo,
+    Reaped,
+    Task,
+    TaskState,
+)
 
 __all__ = [
     "SCRIPTS",
@@ -50,6 +66,9 @@ __all__ = [
     "Script",
     "enqueued_from",
     "jobs_from",
+    "key_hash",
+    "key_hold_from",
+    "key_record_from",
     "lease_infos_from",
     "queue_keys",
     "reaped_from",
@@ -70,7 +89,15 @@ NAMES = (
     "stats",
     "inspect",
     "dead",
+    "key_reserve",
+    "key_extend",
+    "key_complete",
+    "key_fail",
+    "key_release",
+    "key_get",
 )
+# Files of helpers, in the order their sections are prepended.
+LIBS = ("_lib.lua", "_keys.lua")
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +138,9 @@ def _prelude(helpers: dict[str, tuple[list[str], str]], wanted: list[str]) -> st
 
 def _load() -> dict[str, Script]:
     files = resources.files(__name__)
-    helpers = _helpers(files.joinpath("_lib.lua").read_text(encoding="utf-8"))
+    helpers: dict[str, tuple[list[str], str]] = {}
+    for lib in LIBS:
+        helpers |= _helpers(files.joinpath(lib).read_text(encoding="utf-8"))
     scripts = {}
     for name in NAMES:
         body = files.joinpath(f"{name}.lua").read_text(encoding="utf-8")
@@ -252,3 +281,40 @@ def lease_infos_from(v: list[Any]) -> list[LeaseInfo]:
 def enqueued_from(v: list[Any]) -> list[Enqueued]:
     """The outcome of each task, from ``enqueue.lua``'s reply."""
     return [Enqueued(v[i + 1].decode(), v[i] == 1) for i in range(0, len(v), 2)]
+
+
+# -- idempotency keys ----------------------------------------------------------------------------
+
+_KEY_STATES: dict[bytes, KeyState] = {
+    b"in_flight": "in_flight",
+    b"done": "done",
+    b"failed": "failed",
+}
+
+
+def key_hash(prefix: str, key: str) -> str:
+    """The hash of idempotency key ``key`` under ``prefix`` (the key is its own hash tag)."""
+    return f"{prefix}:key:{{{key}}}"
+
+
+def key_hold_from(key: str, token: str, v: list[Any]) -> KeyHold:
+    """The reservation from ``key_reserve.lua``'s ``{'hold', fence, expires_at, taken}``."""
+    return KeyHold(key, token, v[1], float(v[2]), taken_over=v[3] == b"1")
+
+
+def key_record_from(key: str, v: list[Any]) -> KeyRecord:
+    """A key from the flat reply of ``key_get.lua`` (and ``key_reserve.lua`` after its tag)."""
+    return KeyRecord(
+        key=key,
+        state=_KEY_STATES[v[0]],
+        fingerprint=v[1].decode(),
+        fence=v[2],
+        holder=v[3].decode(),
+        expires_at=_time(v[4]),
+        result_json=v[5],
+        error_json=v[6],
+        created_at=float(v[7]),
+        finished_at=_time(v[8]),
+        purge_at=float(v[9]),
+        now=float(v[10]),
+    )

@@ -14,6 +14,10 @@
 -- Holder writes are fenced by "id = $id AND token = $token AND expires_at > clock_timestamp()":
 -- a token exists only while its task is leased (constraint agentlease_tasks_token), so that is
 -- "the caller's lease is the live one", matched through the primary key.
+--
+-- Idempotency keys (key_*) are fenced by "key = $key AND token = $token AND state = 'in_flight'"
+-- and the key not past its window (purge_at), with no expiry check: the token, not the clock,
+-- decides, so a holder whose in-flight lease ran out still writes until another takes it over.
 
 -- name: now
 SELECT extract(epoch FROM clock_timestamp())::float8;
@@ -208,6 +212,72 @@ WITH q AS (
 )
 SELECT (SELECT count(*) FROM q), (SELECT count(*) FROM requeued),
        (SELECT count(pg_notify(%(channel)s, '')) FROM (SELECT 1 FROM requeued LIMIT 1) x);
+
+-- name: key_reserve
+-- One call of agentlease_reserve_key() (postgres_migrations/0002_keys.sql): insert, take over or
+-- report the key, in one transaction on one clock reading.
+SELECT reserved, taken_over, key, state, fingerprint, fence, holder, expires_at, result, error,
+       created_at, finished_at, purge_at, now
+FROM agentlease_reserve_key(
+    %(key)s::text, %(fingerprint)s::text, %(holder)s::text, %(hold_for)s::float8,
+    %(window)s::float8
+);
+
+-- name: key_extend
+-- The dedup window keeps its distance from the in-flight lease, and never shrinks.
+WITH c AS MATERIALIZED (SELECT clock_timestamp() AS now)
+UPDATE agentlease_keys k
+SET expires_at = c.now + make_interval(secs => %(hold_for)s::float8),
+    purge_at = greatest(
+        k.purge_at,
+        c.now + make_interval(secs => %(hold_for)s::float8) + (k.purge_at - k.expires_at)
+    )
+FROM c
+WHERE k.key = %(key)s AND k.token = %(token)s AND k.state = 'in_flight' AND k.purge_at > c.now
+RETURNING extract(epoch FROM k.expires_at)::float8;
+
+-- name: key_finish
+-- complete_key (state 'done', a result) and fail_key (state 'failed', an error).
+WITH c AS MATERIALIZED (SELECT clock_timestamp() AS now)
+UPDATE agentlease_keys k
+SET state = %(state)s::text, result = %(result)s::bytea, error = %(error)s::bytea,
+    finished_at = c.now, token = NULL, holder = '', expires_at = NULL,
+    purge_at = c.now + make_interval(secs => %(window)s::float8)
+FROM c
+WHERE k.key = %(key)s AND k.token = %(token)s AND k.state = 'in_flight' AND k.purge_at > c.now;
+
+-- name: key_release
+WITH c AS MATERIALIZED (SELECT clock_timestamp() AS now)
+UPDATE agentlease_keys k
+SET token = NULL, holder = '', expires_at = c.now
+FROM c
+WHERE k.key = %(key)s AND k.token = %(token)s AND k.state = 'in_flight' AND k.purge_at > c.now;
+
+-- name: key_fence
+-- Why a fenced key write was refused: read after the refusal, in a statement of its own.
+SELECT fence, state FROM agentlease_keys WHERE key = %(key)s AND purge_at > clock_timestamp();
+
+-- name: key_get
+SELECT k.key, k.state, k.fingerprint, k.fence, k.holder,
+       extract(epoch FROM k.expires_at)::float8, k.result, k.error,
+       extract(epoch FROM k.created_at)::float8, extract(epoch FROM k.finished_at)::float8,
+       extract(epoch FROM k.purge_at)::float8, extract(epoch FROM c.now)::float8
+FROM (SELECT clock_timestamp() AS now) c
+JOIN agentlease_keys k ON k.key = %(key)s AND k.purge_at > c.now;
+
+-- name: key_purge
+-- Oldest first through the purge_at index, bounded by the clock read once (a volatile call in
+-- the condition could not bound an index scan). Rows another transaction holds (a reserve
+-- taking the key over right now) are skipped; the rows picked stay locked until the DELETE, so
+-- it needs no second look at purge_at and finds them by primary key.
+WITH doomed AS MATERIALIZED (
+    SELECT k.key FROM agentlease_keys k
+    WHERE k.purge_at <= (SELECT clock_timestamp())
+    ORDER BY k.purge_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM agentlease_keys k WHERE k.key = ANY (ARRAY(SELECT d.key FROM doomed d));
 
 -- name: migrations_exist
 SELECT to_regclass('agentlease_migrations') IS NOT NULL;

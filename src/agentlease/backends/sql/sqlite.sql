@@ -1,7 +1,12 @@
 -- Named queries of the SQLite backend. Parameters are named (:name); times are seconds since the
 -- epoch on this machine's clock, read inside the transaction that uses them.
+--
+-- Idempotency keys (key_*): a key whose purge_at has passed counts as absent everywhere. Holder
+-- writes are fenced by "token = :token AND state = 'in_flight'" (and the key not past its
+-- window): the token, not the clock, decides, so a late holder nobody took over still writes.
 
 -- name: schema
+-- Run statement by statement, split on semicolons: keep them out of the comments here.
 CREATE TABLE IF NOT EXISTS agentlease_queues (
     name TEXT PRIMARY KEY,
     seq  INTEGER NOT NULL
@@ -44,6 +49,26 @@ CREATE INDEX IF NOT EXISTS agentlease_dead
     ON agentlease_tasks (queue, finished_at) WHERE state = 'dead';
 CREATE UNIQUE INDEX IF NOT EXISTS agentlease_dedup
     ON agentlease_tasks (queue, dedup_key) WHERE dedup_key IS NOT NULL;
+-- Idempotency keys (schema version 2), one row per key. A rowid table, not WITHOUT ROWID: a row
+-- carries a result or error of any size, and SQLite advises WITHOUT ROWID only for small rows.
+-- The token exists only while a holder holds the key (in_flight), and a released key keeps
+-- state in_flight with no token and no holder. purge_at is the end of the dedup window, and its
+-- index lets purging visit expired keys only.
+CREATE TABLE IF NOT EXISTS agentlease_keys (
+    key         TEXT PRIMARY KEY,
+    state       TEXT NOT NULL,
+    fingerprint TEXT NOT NULL,
+    token       TEXT,
+    fence       INTEGER NOT NULL,
+    holder      TEXT NOT NULL,
+    expires_at  REAL,
+    result      BLOB,
+    error       BLOB,
+    created_at  REAL NOT NULL,
+    finished_at REAL,
+    purge_at    REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS agentlease_keys_purge ON agentlease_keys (purge_at);
 
 -- name: bump_seq
 INSERT INTO agentlease_queues (name, seq) VALUES (:queue, :count)
@@ -180,3 +205,63 @@ SELECT id, seq FROM agentlease_tasks WHERE queue = :queue AND state = 'dead';
 UPDATE agentlease_tasks
 SET state = 'queued', reclaims = 0, failures = 0, finished_at = NULL, seq = :seq
 WHERE id = :id AND state = 'dead';
+
+-- name: key_row
+SELECT key, state, fingerprint, fence, holder, expires_at, result, error, created_at,
+       finished_at, purge_at
+FROM agentlease_keys WHERE key = :key;
+
+-- name: key_reserve
+-- Inserts an absent key (fence 1), or takes a present one when it is past its window (a new
+-- action: only the fence carries over) or in flight with its lease run out and either the same
+-- fingerprint or no token (released). Returns nothing when the key stays as it was.
+INSERT INTO agentlease_keys
+    (key, state, fingerprint, token, fence, holder, expires_at, created_at, purge_at)
+VALUES
+    (:key, 'in_flight', :fingerprint, lower(hex(randomblob(16))), 1, :holder, :expires_at, :now,
+     :purge_at)
+ON CONFLICT (key) DO UPDATE
+SET state = 'in_flight', fingerprint = excluded.fingerprint, token = excluded.token,
+    fence = fence + 1, holder = excluded.holder, expires_at = excluded.expires_at,
+    result = NULL, error = NULL, finished_at = NULL, purge_at = excluded.purge_at,
+    created_at = CASE WHEN purge_at <= :now THEN :now ELSE created_at END
+WHERE purge_at <= :now
+   OR (state = 'in_flight' AND expires_at <= :now
+       AND (fingerprint = excluded.fingerprint OR token IS NULL))
+RETURNING token, fence;
+
+-- name: key_extend
+-- The dedup window keeps its distance from the in-flight lease, and never shrinks.
+UPDATE agentlease_keys
+SET expires_at = :now + :hold_for,
+    purge_at = max(purge_at, (:now + :hold_for) + (purge_at - expires_at))
+WHERE key = :key AND token = :token AND state = 'in_flight' AND purge_at > :now
+RETURNING expires_at;
+
+-- name: key_finish
+UPDATE agentlease_keys
+SET state = :state, result = :result, error = :error, finished_at = :now, token = NULL,
+    holder = '', expires_at = NULL, purge_at = :now + :window
+WHERE key = :key AND token = :token AND state = 'in_flight' AND purge_at > :now
+RETURNING fence;
+
+-- name: key_release
+UPDATE agentlease_keys
+SET token = NULL, holder = '', expires_at = :now
+WHERE key = :key AND token = :token AND state = 'in_flight' AND purge_at > :now
+RETURNING fence;
+
+-- name: key_fence
+-- Why a fenced key write was refused.
+SELECT fence, state FROM agentlease_keys WHERE key = :key AND purge_at > :now;
+
+-- name: key_get
+SELECT key, state, fingerprint, fence, holder, expires_at, result, error, created_at,
+       finished_at, purge_at
+FROM agentlease_keys WHERE key = :key AND purge_at > :now;
+
+-- name: key_purge
+-- Oldest first through the purge_at index: live keys are never visited.
+DELETE FROM agentlease_keys
+WHERE rowid IN (SELECT rowid FROM agentlease_keys WHERE purge_at <= :now
+                ORDER BY purge_at LIMIT :limit);

@@ -1,0 +1,457 @@
+"""Idempotent side effects: a retried or resumed action returns its first outcome, never acts twice.
+
+Written once for asyncio; the synchronous face is generated from this file by scripts/unasync.py.
+
+An action (a tool call with a side effect) is named by its key (see
+:mod:`agentlease._policy.keys`). Running it:
+
+1. **reserve** the key in the store (one atomic step). The store answers with a reservation (an
+   in-flight lease with a token and a fence), or with the key's record: ``done`` or ``failed``
+   (replay the stored outcome: one round trip in all), ``in_flight`` and live
+   (:class:`~agentlease.errors.DuplicateInFlight`, or wait up to ``wait`` seconds), or other
+   arguments (:class:`~agentlease.errors.IdempotencyConflict`).
+2. run the action while the reservation is renewed every third of ``hold_for``;
+3. record the outcome, fenced by the token (one atomic step): ``complete`` with the JSON result, or
+   ``fail`` with a permanent error (a ``fail_on`` type), or ``release`` when the error is known not
+   to have applied (a ``release_on`` type or :class:`NotApplied`).
+
+Any other error is **ambiguous**: the side effect may or may not have happened (a timeout
+mid-call). The reservation is then neither released nor failed: it stays in flight until its
+in-flight lease runs out, so an immediate retry gets ``DuplicateInFlight`` instead of acting
+while the first call may still land; after that a retry takes it over and acts, with the same
+key, which the remote side can use to deduplicate. A holder that crashed is taken over the same
+way, and its late write is refused (:class:`~agentlease.errors.ReservationLost`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import random
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, TypeVar
+
+from agentlease import _scope
+from agentlease._codec import JSON, encode
+from agentlease._outcomes import ErrorTypes, NotApplied, Outcome, error_json, rebuild
+from agentlease._policy.keys import check_key, fingerprint, key_and_fingerprint
+from agentlease._records import KeyHold, KeyRecord
+from agentlease._renewal import AsyncRenewals, Renewing, async_sleep
+from agentlease._settings import IdempotencySettings
+from agentlease.backends import AsyncBackend, connect_async
+from agentlease.errors import (
+    AgentLeaseError,
+    BackendUnavailable,
+    DuplicateInFlight,
+    IdempotencyConflict,
+    InvalidInput,
+    MissingIdentity,
+    PayloadError,
+    ReservationLost,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+__all__ = ["AsyncAction", "AsyncIdempotency"]
+
+logger = logging.getLogger("agentlease.idempotency")
+T = TypeVar("T")
+_HOST = socket.gethostname()
+
+
+class AsyncAction:
+    """One reservation of one key, or the replay of its stored outcome.
+
+    Use :meth:`AsyncIdempotency.action` or the ``@idempotent`` decorator rather than building one.
+    """
+
+    def __init__(
+        self,
+        store: AsyncIdempotency,
+        key: str,
+        fingerprint: str,
+        *,
+        hold: KeyHold | None = None,
+        record: KeyRecord | None = None,
+    ) -> None:
+        self.key = key
+        self.fingerprint = fingerprint
+        self.hold = hold
+        self.record = record
+        self.result: JSON = None if record is None else record.result
+        self._store = store
+        self._renewal: Renewing | None = None
+        self._settled = hold is None
+
+    @property
+    def replayed(self) -> bool:
+        """The key already has an outcome: do not act; use :attr:`result` (or the error)."""
+        return self.record is not None
+
+    @property
+    def fence(self) -> int:
+        """The reservation's fencing number: +1 at every reservation of this key."""
+        if self.hold is not None:
+            return self.hold.fence
+        assert self.record is not None
+        return self.record.fence
+
+    @property
+    def taken_over(self) -> bool:
+        """This reservation was taken over from a holder that crashed or timed out: that holder
+        may have acted; pass :attr:`key` downstream so the remote side can tell."""
+        return self.hold is not None and self.hold.taken_over
+
+    def raise_if_failed(self, known: ErrorTypes = ()) -> None:
+        """Raise the stored permanent failure again, as its own type when ``known`` names it
+        (else :class:`~agentlease.errors.ReplayedFailure`)."""
+        if self.record is not None and self.record.state == "failed":
+            raise rebuild(self.key, self.record.error, known)
+
+    def _start(self) -> None:
+        assert self.hold is not None
+        self._renewal = self._store._renewals.open(self.hold)
+
+    async def _stop(self) -> KeyHold:
+        assert self.hold is not None
+        self._settled = True
+        if self._renewal is not None:
+            renewal, self._renewal = self._renewal, None
+            self.hold = await self._store._renewals.close(renewal)
+        return self.hold
+
+    async def complete(self, result: JSON = None) -> None:
+        """Record the result (fenced). A result that cannot be stored is recorded as a permanent
+        failure instead (the side effect did happen) and its error raised.
+
+        Raises:
+            NotJSON, PayloadTooLarge: the result cannot be stored.
+            ReservationLost: the reservation was taken over; nothing was recorded.
+        """
+        if self._settled:
+            raise InvalidInput(f"action {self.key[:16]}... already has an outcome")
+        settings = self._store.settings
+        try:
+            data = encode(result, what="the action's result", limit=settings.max_result_bytes)
+        except PayloadError as exc:
+            await self.fail(exc)
+            raise
+        hold = await self._stop()
+        await self._store.backend.complete_key(hold, data, settings.window)
+        self.result = result
+
+    async def fail(self, exc: BaseException) -> None:
+        """Record a permanent failure (fenced): every later call raises it again."""
+        if self._settled:
+            raise InvalidInput(f"action {self.key[:16]}... already has an outcome")
+        error = error_json(exc)
+        hold = await self._stop()
+        await self._store.backend.fail_key(hold, error, self._store.settings.window)
+
+    async def release(self) -> None:
+        """Give the reservation up: the side effect is known not to have happened."""
+        if self._settled:
+            raise InvalidInput(f"action {self.key[:16]}... already has an outcome")
+        hold = await self._stop()
+        await self._store.backend.release_key(hold)
+
+    async def abandon(self) -> None:
+        """Stop renewing and leave the reservation in flight (an ambiguous failure): it is taken
+        over once its in-flight lease runs out."""
+        self._settled = True
+        if self._renewal is not None:
+            renewal, self._renewal = self._renewal, None
+            with contextlib.suppress(ReservationLost):
+                await self._store._renewals.close(renewal)
+
+    async def _settle_error(
+        self, exc: BaseException, fail_on: ErrorTypes, release_on: ErrorTypes
+    ) -> None:
+        if isinstance(exc, NotApplied) or (release_on and isinstance(exc, release_on)):
+            await self.release()
+        elif fail_on and isinstance(exc, fail_on):
+            await self.fail(exc)
+        else:
+            await self.abandon()
+            logger.warning(
+                "idempotent action %s... raised %s: left in flight until its lease runs out",
+                self.key[:16],
+                type(exc).__qualname__,
+            )
+
+
+class AsyncIdempotency:
+    """Idempotent actions on one store.
+
+    Args:
+        backend: the store (see :func:`agentlease.connect_async`).
+        settings: the dedup window, the in-flight lease and limits.
+    """
+
+    def __init__(
+        self, backend: AsyncBackend, *, settings: IdempotencySettings | None = None
+    ) -> None:
+        self.backend = backend
+        self.settings = settings or IdempotencySettings()
+        self._purged_at = time.monotonic()
+        self._rand = random.Random()
+        self._renewals = AsyncRenewals(backend.extend_key, self.settings.hold_for)
+
+    @classmethod
+    def connect(cls, url: str, *, settings: IdempotencySettings | None = None) -> AsyncIdempotency:
+        """Idempotent actions on the store at ``url``."""
+        return cls(connect_async(url), settings=settings)
+
+    async def close(self) -> None:
+        """Stop renewing and release the store's connections."""
+        await self._renewals.stop()
+        await self.backend.close()
+
+    async def __aenter__(self) -> AsyncIdempotency:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- keys ------------------------------------------------------------------------------------
+
+    def identity(
+        self,
+        tool: str,
+        args: object,
+        *,
+        step: str | None = None,
+        task_id: str | None = None,
+        key: str | None = None,
+    ) -> tuple[str, str]:
+        """The key and argument fingerprint of an action.
+
+        The task and step come from the arguments, else from the current scope (a worker's job,
+        :func:`agentlease.idempotency_scope`). A ``key`` given by the caller (an upstream
+        ``Idempotency-Key``) is used as it is, and the arguments only fingerprinted.
+
+        Raises:
+            MissingIdentity: no task or step id is known.
+            NotJSON: the arguments are not plain JSON.
+        """
+        if key is not None:
+            return check_key(key), fingerprint(args)
+        scope = _scope.current_scope()
+        task = task_id if task_id is not None else scope.task_id
+        step_id = step if step is not None else scope.step
+        if task is None:
+            raise MissingIdentity(
+                f"idempotent tool {tool!r} runs outside a worker's task and no task id was given:"
+                " use agentlease.idempotency_scope(task_id=...) or pass task_id"
+            )
+        if step_id is None:
+            raise MissingIdentity(
+                f"idempotent tool {tool!r} has no step id: give step=... or name it with"
+                " agentlease.idempotency_scope(step=...)"
+            )
+        return key_and_fingerprint(task, step_id, tool, args)
+
+    @staticmethod
+    def _holder() -> str:
+        scope = _scope.current_scope()
+        where = f"{_HOST}:{os.getpid()}"
+        if scope.task_id is None:
+            return where
+        attempt = "" if scope.attempt is None else f" attempt {scope.attempt}"
+        return f"{where} task {scope.task_id}{attempt}"
+
+    # -- the steps ---------------------------------------------------------------------------------
+
+    async def begin(
+        self,
+        tool: str,
+        args: object,
+        *,
+        step: str | None = None,
+        task_id: str | None = None,
+        key: str | None = None,
+        wait: float | None = None,
+    ) -> AsyncAction:
+        """Reserve an action's key, or load its stored outcome (:attr:`AsyncAction.replayed`).
+
+        A reservation is renewed until its outcome is recorded (:meth:`AsyncAction.complete`,
+        ``fail``, ``release``) or it is abandoned; :meth:`call` and :meth:`action` do that.
+
+        Args:
+            tool: the tool's name.
+            args: its arguments (plain JSON).
+            step, task_id, key: see :meth:`identity`.
+            wait: seconds to wait for another attempt's reservation to finish (polling, with
+                jitter) before giving up with DuplicateInFlight. By default no wait, except in a
+                worker's job, which waits up to ``hold_for`` + 1 s: the lease on the task means
+                no other attempt of it runs now, so an in-flight reservation is a predecessor's
+                that crashed or failed ambiguously, and the job takes it over once it runs out.
+
+        Raises:
+            DuplicateInFlight: another attempt holds the key (after ``wait``).
+            IdempotencyConflict: the key was used with other arguments.
+            MissingIdentity, NotJSON: the action cannot be keyed.
+        """
+        key, fp = self.identity(tool, args, step=step, task_id=task_id, key=key)
+        settings = self.settings
+        holder = self._holder()
+        if wait is None:
+            in_job = _scope.current_scope().attempt is not None
+            wait = settings.hold_for + 1.0 if in_job else 0.0
+        give_up = time.monotonic() + max(0.0, float(wait))
+        pause = 0.02
+        while True:
+            sent = time.monotonic()
+            got = await self.backend.reserve_key(
+                key, fp, holder, settings.hold_for, settings.window
+            )
+            if isinstance(got, KeyHold):
+                confirmed = await self._confirm(got, sent)
+                if confirmed is None:
+                    continue  # it ran out before its reply came, and was taken over: look again
+                got = confirmed
+                if got.taken_over:
+                    logger.warning(
+                        "idempotency key %s... taken over (fence %d)", key[:16], got.fence
+                    )
+                await self._maybe_purge()
+                action = AsyncAction(self, key, fp, hold=got)
+                action._start()
+                return action
+            if got.fingerprint != fp:
+                raise IdempotencyConflict(key, got.fingerprint, fp)
+            if got.state != "in_flight":
+                logger.debug("idempotency key %s... replayed (%s)", key[:16], got.state)
+                return AsyncAction(self, key, fp, record=got)
+            retry_after = max(0.0, (got.expires_at or got.now) - got.now)
+            left = give_up - time.monotonic()
+            if left <= 0:
+                raise DuplicateInFlight(key, retry_after, got.holder)
+            await async_sleep(min(left, retry_after + 0.001, self._rand.uniform(0, pause)))
+            pause = min(pause * 2, 1.0)
+
+    async def _confirm(self, hold: KeyHold, sent: float) -> KeyHold | None:
+        """``hold`` if it is surely still held, else ``None``.
+
+        A reservation whose reply took longer than a third of ``hold_for`` may have run out
+        before the reply arrived, and another attempt may have taken it over and be acting. So
+        before acting on it, extend it: the extension is fenced by the token, which a takeover
+        replaces, so its success proves nobody else holds the key.
+
+        Raises:
+            BackendUnavailable: the store keeps answering too slowly to hold a reservation.
+        """
+        hold_for = self.settings.hold_for
+        for _ in range(3):
+            if time.monotonic() - sent <= hold_for / 3:
+                return hold
+            sent = time.monotonic()
+            try:
+                hold = await self.backend.extend_key(hold, hold_for)
+            except ReservationLost:
+                return None
+        raise BackendUnavailable(
+            f"the store at {self.backend.url} answers slower than a third of hold_for"
+            f" ({hold_for} s): a reservation cannot be held safely"
+        )
+
+    async def _maybe_purge(self) -> None:
+        if time.monotonic() - self._purged_at < self.settings.purge_every:
+            return
+        self._purged_at = time.monotonic()
+        try:
+            await self.backend.purge_keys(self.settings.purge_batch)
+        except AgentLeaseError:
+            logger.warning("purging expired idempotency keys failed", exc_info=True)
+
+    async def call(
+        self,
+        fn: Callable[[], Awaitable[T]],
+        *,
+        tool: str,
+        args: object,
+        step: str | None = None,
+        task_id: str | None = None,
+        key: str | None = None,
+        wait: float | None = None,
+        fail_on: ErrorTypes = (),
+        release_on: ErrorTypes = (),
+    ) -> Outcome[T]:
+        """Run ``fn()`` at most once for this action, or replay its outcome.
+
+        ``fn`` runs with :func:`agentlease.current_key` set to the action's key. Its result must
+        be JSON. An error of a ``fail_on`` type is stored and raised again by every later call;
+        one of a ``release_on`` type (or :class:`NotApplied`) releases the key; any other leaves
+        it in flight until its in-flight lease runs out (see the module's account).
+
+        Raises:
+            DuplicateInFlight, IdempotencyConflict, ReservationLost, MissingIdentity: see
+                :meth:`begin` and :meth:`AsyncAction.complete`.
+            ReplayedFailure: a stored failure whose type is not among ``fail_on``.
+        """
+        action = await self.begin(tool, args, step=step, task_id=task_id, key=key, wait=wait)
+        if action.replayed:
+            action.raise_if_failed(fail_on)
+            return Outcome(action.result, True, action.key)  # type: ignore[arg-type]
+        token = _scope.set_key(action.key, action.fence)
+        try:
+            value = await fn()
+        except BaseException as exc:
+            await action._settle_error(exc, fail_on, release_on)
+            raise
+        finally:
+            _scope.reset_key(token)
+        await action.complete(value)  # type: ignore[arg-type]
+        return Outcome(value, False, action.key)
+
+    @asynccontextmanager
+    async def action(
+        self,
+        tool: str,
+        args: object,
+        *,
+        step: str | None = None,
+        task_id: str | None = None,
+        key: str | None = None,
+        wait: float | None = None,
+        fail_on: ErrorTypes = (),
+        release_on: ErrorTypes = (),
+    ) -> AsyncIterator[AsyncAction]:
+        """An idempotent block, for code that is not one function::
+
+            async with keys.action("send_email", {"to": to}, step="welcome") as act:
+                if not act.replayed:
+                    act.result = await send(to, headers={"Idempotency-Key": act.key})
+            print(act.result)
+
+        The block must skip the side effect when ``act.replayed`` is true. On a normal exit
+        ``act.result`` is recorded; errors are handled as in :meth:`call`. A stored permanent
+        failure is raised on entry.
+        """
+        act = await self.begin(tool, args, step=step, task_id=task_id, key=key, wait=wait)
+        if act.replayed:
+            act.raise_if_failed(fail_on)
+            yield act
+            return
+        token = _scope.set_key(act.key, act.fence)
+        try:
+            yield act
+        except BaseException as exc:
+            await act._settle_error(exc, fail_on, release_on)
+            raise
+        finally:
+            _scope.reset_key(token)
+        await act.complete(act.result)
+
+    async def get(self, key: str) -> KeyRecord | None:
+        """The stored record of ``key``, or ``None`` if it is absent or past the window."""
+        return await self.backend.get_key(check_key(key))
+
+    async def purge(self, limit: int = 1000) -> int:
+        """Delete up to ``limit`` keys past the dedup window now; how many were deleted."""
+        return await self.backend.purge_keys(limit)

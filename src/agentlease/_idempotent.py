@@ -1,0 +1,179 @@
+"""``@idempotent``: make a side-effecting function run at most once per action.
+
+The decorated function's arguments (bound to its signature, defaults applied, ``exclude``
+removed) are the action's arguments; the task comes from the running worker's job or
+:func:`agentlease.idempotency_scope`, the step from ``step=`` or the scope. Sync functions need an
+:class:`~agentlease.Idempotency`, async ones an :class:`~agentlease.AsyncIdempotency`.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Awaitable, Callable, Collection
+from typing import Any, Generic, ParamSpec, TypeVar, overload
+
+from agentlease._async.idempotency import AsyncIdempotency
+from agentlease._outcomes import ErrorTypes, Outcome
+from agentlease._sync.idempotency import Idempotency
+from agentlease.errors import InvalidInput
+
+__all__ = ["AsyncIdempotentFunction", "IdempotentFunction", "idempotent"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class _Bound:
+    """What the wrappers share: the function's signature and the action's settings."""
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        tool: str,
+        step: str | None,
+        exclude: Collection[str],
+        wait: float | None,
+        fail_on: ErrorTypes,
+        release_on: ErrorTypes,
+    ) -> None:
+        self.signature = inspect.signature(fn)
+        unknown = set(exclude) - set(self.signature.parameters)
+        if unknown:
+            raise InvalidInput(
+                f"exclude names no parameter of {fn.__qualname__}: {sorted(unknown)}"
+            )
+        self.tool = tool
+        self.step = step
+        self.exclude = frozenset(exclude)
+        self.options: dict[str, Any] = {
+            "tool": tool,
+            "step": step,
+            "wait": wait,
+            "fail_on": tuple(fail_on),
+            "release_on": tuple(release_on),
+        }
+
+    def args(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        bound = self.signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        return {k: v for k, v in bound.arguments.items() if k not in self.exclude}
+
+
+class IdempotentFunction(Generic[P, R]):
+    """A sync function that runs at most once per action; call it as the function itself."""
+
+    def __init__(self, fn: Callable[P, R], store: Idempotency, bound: _Bound) -> None:
+        functools.update_wrapper(self, fn)
+        self._fn = fn
+        self._store = store
+        self._bound = bound
+
+    def outcome(self, *args: P.args, **kwargs: P.kwargs) -> Outcome[R]:
+        """Call, and say whether the result was a replay."""
+        return self._store.call(
+            functools.partial(self._fn, *args, **kwargs),
+            args=self._bound.args(args, kwargs),
+            **self._bound.options,
+        )
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        return self.outcome(*args, **kwargs).value
+
+
+class AsyncIdempotentFunction(Generic[P, R]):
+    """An async function that runs at most once per action; await it as the function itself."""
+
+    def __init__(
+        self, fn: Callable[P, Awaitable[R]], store: AsyncIdempotency, bound: _Bound
+    ) -> None:
+        functools.update_wrapper(self, fn)
+        self._fn = fn
+        self._store = store
+        self._bound = bound
+
+    async def outcome(self, *args: P.args, **kwargs: P.kwargs) -> Outcome[R]:
+        """Call, and say whether the result was a replay."""
+
+        async def run() -> R:
+            return await self._fn(*args, **kwargs)
+
+        return await self._store.call(
+            run, args=self._bound.args(args, kwargs), **self._bound.options
+        )
+
+    async def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        return (await self.outcome(*args, **kwargs)).value
+
+
+class _Decorator:
+    def __init__(
+        self,
+        store: Idempotency | AsyncIdempotency,
+        tool: str,
+        step: str | None,
+        exclude: Collection[str],
+        wait: float | None,
+        fail_on: ErrorTypes,
+        release_on: ErrorTypes,
+    ) -> None:
+        self._store = store
+        self._spec = (tool, step, exclude, wait, fail_on, release_on)
+
+    @overload
+    def __call__(  # type: ignore[overload-overlap]
+        self, fn: Callable[P, Awaitable[R]]
+    ) -> AsyncIdempotentFunction[P, R]: ...
+    @overload
+    def __call__(self, fn: Callable[P, R]) -> IdempotentFunction[P, R]: ...
+    def __call__(
+        self, fn: Callable[P, Any]
+    ) -> AsyncIdempotentFunction[P, Any] | IdempotentFunction[P, Any]:
+        bound = _Bound(fn, *self._spec)
+        if inspect.iscoroutinefunction(fn):
+            if not isinstance(self._store, AsyncIdempotency):
+                raise InvalidInput(
+                    f"async function {fn.__qualname__} needs an AsyncIdempotency store"
+                )
+            return AsyncIdempotentFunction(fn, self._store, bound)
+        if not isinstance(self._store, Idempotency):
+            raise InvalidInput(f"function {fn.__qualname__} needs an Idempotency store (sync)")
+        return IdempotentFunction(fn, self._store, bound)
+
+
+def idempotent(
+    *,
+    tool: str,
+    store: Idempotency | AsyncIdempotency,
+    step: str | None = None,
+    exclude: Collection[str] = (),
+    wait: float | None = None,
+    fail_on: ErrorTypes = (),
+    release_on: ErrorTypes = (),
+) -> _Decorator:
+    """Make a side-effecting function run at most once per action::
+
+        keys = agentlease.Idempotency.connect("sqlite:///agents.db")
+
+        @agentlease.idempotent(tool="send_email", store=keys, step="welcome")
+        def send_email(to: str, body: str) -> dict[str, str]:
+            key = agentlease.current_key()  # pass it on: Idempotency-Key header
+            return mailer.send(to, body, idempotency_key=key)
+
+    Args:
+        tool: the tool's name (part of the key).
+        store: where keys live; :class:`~agentlease.Idempotency` for sync functions,
+            :class:`~agentlease.AsyncIdempotency` for async ones.
+        step: the step id (part of the key); if omitted, the current
+            :func:`~agentlease.idempotency_scope` must name one.
+        exclude: parameters left out of the key (a client object, a logger).
+        wait: seconds to wait for a concurrent attempt before raising DuplicateInFlight (by
+            default none, except inside a worker's job: see :meth:`Idempotency.begin`).
+        fail_on: errors that are permanent: stored, and raised again by every later call.
+        release_on: errors known to mean the side effect did not happen: the key is released.
+
+    Raises:
+        InvalidInput: the store's face does not match the function, or ``exclude`` names no
+            parameter.
+    """
+    return _Decorator(store, tool, step, exclude, wait, fail_on, release_on)

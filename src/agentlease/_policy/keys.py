@@ -1,0 +1,135 @@
+"""Idempotency keys from the semantic identity of an action: pure, versioned, stable.
+
+The key of an action is the SHA-256 of a versioned canonical encoding of the task id, the step
+id, the tool name and the canonical JSON of the arguments. Nothing that varies between attempts
+(the attempt number, a timestamp, a random id, raw model text) may enter it, so every attempt of
+the same step of the same task, in any process, on any Python, derives the same key.
+
+Canonical JSON: object keys sorted, no whitespace, UTF-8 strings, tuples as arrays, and numbers
+in one spelling (an integral float such as ``10.0`` is written ``10``, as JSON itself cannot tell
+them apart and a planner may produce either). Anything that is not plain JSON is refused with
+:class:`~agentlease.errors.NotJSON`, never converted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+
+import orjson
+
+from agentlease._codec import JSON
+from agentlease.errors import InvalidName, MissingIdentity, NotJSON
+
+__all__ = [
+    "KEY_VERSION",
+    "canonical_json",
+    "check_key",
+    "derive_key",
+    "fingerprint",
+    "key_and_fingerprint",
+]
+
+KEY_VERSION = 1
+"""Bumped whenever the encoding changes, so keys of different versions never collide."""
+
+_MAX_INT = 2**53  # floats past this are not exact integers in every JSON reader
+_MAX_KEY = 256
+
+
+def _canonical(value: object, path: str) -> JSON:
+    if value is None or type(value) in (str, bool, int):
+        return value  # type: ignore[return-value]
+    if type(value) is float:
+        if not math.isfinite(value):
+            raise NotJSON(f"argument {path} is {value!r}, which has no JSON representation")
+        if value.is_integer() and abs(value) < _MAX_INT:
+            return int(value)
+        return value
+    if type(value) is dict:
+        out: dict[str, JSON] = {}
+        for k, v in value.items():
+            if type(k) is not str:
+                raise NotJSON(f"argument {path} has a {type(k).__name__} key; keys must be str")
+            out[k] = _canonical(v, f"{path}.{k}")
+        return out
+    if isinstance(value, list | tuple) and type(value) in (list, tuple):
+        return [_canonical(v, f"{path}[{i}]") for i, v in enumerate(value)]
+    raise NotJSON(
+        f"argument {path} is a {type(value).__name__}, not a JSON value: exclude it from the "
+        "key or pass its JSON form"
+    )
+
+
+def canonical_json(value: object) -> bytes:
+    """The canonical JSON encoding of ``value``.
+
+    Raises:
+        NotJSON: ``value`` holds something JSON cannot represent.
+    """
+    plain = _canonical(value, "$")
+    try:
+        return orjson.dumps(plain, option=orjson.OPT_SORT_KEYS)
+    except (TypeError, orjson.JSONEncodeError) as exc:  # an int past 64 bits
+        raise NotJSON(f"arguments are not JSON-serialisable: {exc}") from exc
+
+
+def fingerprint(args: object) -> str:
+    """The SHA-256 (hex) of the arguments' canonical JSON: what a conflict names."""
+    return _fingerprint(canonical_json(args))
+
+
+def derive_key(task_id: str, step_id: str, tool: str, args: object) -> str:
+    """The idempotency key of one action (hex SHA-256).
+
+    Args:
+        task_id: the task the action belongs to (a worker's job supplies it).
+        step_id: which step of the task this is, stable across attempts.
+        tool: the tool's name.
+        args: the tool's arguments, plain JSON.
+
+    Raises:
+        MissingIdentity: the task, step or tool is missing or empty.
+        NotJSON: the arguments are not plain JSON.
+    """
+    return key_and_fingerprint(task_id, step_id, tool, args)[0]
+
+
+def key_and_fingerprint(task_id: str, step_id: str, tool: str, args: object) -> tuple[str, str]:
+    """:func:`derive_key` and :func:`fingerprint` together, encoding the arguments once."""
+    for what, part in (("task id", task_id), ("step id", step_id), ("tool name", tool)):
+        if not isinstance(part, str) or not part:
+            raise MissingIdentity(
+                f"an idempotent action needs a {what}, got {part!r}: without it two different"
+                " actions could share a key"
+            )
+    canonical = canonical_json(args)
+    # The canonical JSON of [version, task, step, tool, args], built around the arguments'
+    # encoding (compact JSON: the array's closing bracket is its last byte).
+    identity = orjson.dumps([KEY_VERSION, task_id, step_id, tool])[:-1] + b"," + canonical + b"]"
+    key = hashlib.sha256(b"agentlease-key/%d\x00" % KEY_VERSION + identity).hexdigest()
+    return key, _fingerprint(canonical)
+
+
+def _fingerprint(canonical: bytes) -> str:
+    return hashlib.sha256(b"agentlease-args/%d\x00" % KEY_VERSION + canonical).hexdigest()
+
+
+def check_key(key: object) -> str:
+    """Validate a caller-supplied key (for example an upstream ``Idempotency-Key`` header).
+
+    Raises:
+        InvalidName: not a string of 1 to 256 printable ASCII characters without spaces.
+    """
+    if (
+        not isinstance(key, str)
+        or not 0 < len(key) <= _MAX_KEY
+        or not key.isascii()
+        or not key.isprintable()
+        or " " in key
+    ):
+        raise InvalidName(
+            f"idempotency key {key!r} must be 1 to {_MAX_KEY} printable ASCII characters"
+            " without spaces"
+        )
+    return key

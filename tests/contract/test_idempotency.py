@@ -1,0 +1,336 @@
+"""Idempotent actions above the seam, held against every backend of the ``store`` fixture.
+
+A side effect is counted in a ledger the library never sees; every test checks the ledger, not
+only what the calls returned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+
+import pytest
+
+import agentlease as al
+from agentlease import (
+    DuplicateInFlight,
+    IdempotencyConflict,
+    IdempotencySettings,
+    MissingIdentity,
+    NotApplied,
+    NotJSON,
+    ReplayedFailure,
+)
+from agentlease._policy.keys import derive_key, fingerprint
+from tests.conftest import Store
+
+SHORT = 0.4  # an in-flight lease meant to run out
+PAST = 0.7  # a sleep that outlives SHORT
+
+
+class Declined(Exception):
+    """A permanent failure of the fake payment tool."""
+
+
+@pytest.fixture
+def keys(store: Store) -> Iterator[al.Idempotency]:
+    k = (
+        al.Idempotency(store.backend())
+        if store.kind == "memory"
+        else al.Idempotency.connect(store.url)
+    )
+    yield k
+    if store.kind != "memory":
+        k.close()
+
+
+def keys_with(store: Store, **settings: float) -> al.Idempotency:
+    s = IdempotencySettings(**settings)  # type: ignore[arg-type]
+    if store.kind == "memory":
+        return al.Idempotency(store.backend(), settings=s)
+    return al.Idempotency.connect(store.url, settings=s)
+
+
+def test_a_second_call_replays_the_original_result(keys: al.Idempotency) -> None:
+    ledger: list[str] = []
+
+    @al.idempotent(tool="send_email", store=keys, step="welcome")
+    def send(to: str, subject: str = "hi") -> dict[str, object]:
+        ledger.append(al.current_key())
+        return {"id": f"msg-{len(ledger)}", "to": to}
+
+    with al.idempotency_scope(task_id="order-1"):
+        first = send.outcome("ana@example.com")
+        again = send.outcome("ana@example.com", subject="hi")
+        other = send.outcome("bob@example.com")
+    assert first.replayed is False
+    assert again.replayed is True
+    assert again.value == first.value == {"id": "msg-1", "to": "ana@example.com"}
+    assert again.key == first.key == ledger[0]
+    assert first.key == derive_key(
+        "order-1", "welcome", "send_email", {"to": "ana@example.com", "subject": "hi"}
+    )
+    assert other.value == {"id": "msg-2", "to": "bob@example.com"}
+    assert len(ledger) == 2
+
+
+def test_the_async_face_replays_too(store: Store) -> None:
+    calls: list[int] = []
+
+    async def main() -> None:
+        backend = store.backend().open_async() if store.kind == "memory" else None
+        keys = (
+            al.AsyncIdempotency(backend)
+            if backend is not None
+            else al.AsyncIdempotency.connect(store.url)
+        )
+        try:
+
+            @al.idempotent(tool="open_ticket", store=keys, step="t1")
+            async def open_ticket(title: str) -> list[str]:
+                calls.append(1)
+                await asyncio.sleep(0)
+                return [title, al.current_key()]
+
+            with al.idempotency_scope(task_id="case-9"):
+                a = await open_ticket.outcome("printer on fire")
+                b = await open_ticket.outcome("printer on fire")
+                async with keys.action("note", {"n": 1}, step="s") as act:
+                    if not act.replayed:
+                        calls.append(2)
+                        act.result = {"noted": True}
+                async with keys.action("note", {"n": 1}, step="s") as again:
+                    assert again.replayed
+            assert a.replayed is False
+            assert b.replayed is True
+            assert b.value == ["printer on fire", a.key]
+            assert again.result == {"noted": True}
+        finally:
+            if backend is None:
+                await keys.close()
+
+    asyncio.run(main())
+    assert calls == [1, 2]
+
+
+def test_a_permanent_failure_is_stored_and_raised_again(keys: al.Idempotency) -> None:
+    ledger: list[int] = []
+
+    @al.idempotent(tool="charge", store=keys, step="pay", fail_on=(Declined,))
+    def charge(cents: int) -> None:
+        ledger.append(cents)
+        raise Declined(f"card declined for {cents}")
+
+    with al.idempotency_scope(task_id="order-2"):
+        for _ in range(3):
+            with pytest.raises(Declined, match="card declined for 500"):
+                charge(500)
+
+        @al.idempotent(tool="charge", store=keys, step="pay")  # does not know Declined
+        def charge_elsewhere(cents: int) -> None:
+            ledger.append(-1)
+
+        with pytest.raises(ReplayedFailure) as info:
+            charge_elsewhere(500)
+    assert info.value.error_type.endswith("Declined")
+    assert info.value.error_message == "card declined for 500"
+    assert ledger == [500]
+
+
+def test_a_failure_known_not_to_have_applied_releases_the_key(keys: al.Idempotency) -> None:
+    ledger: list[str] = []
+
+    @al.idempotent(tool="post", store=keys, step="p", release_on=(ConnectionRefusedError,))
+    def post(body: str) -> str:
+        ledger.append(body)
+        if len(ledger) == 1:
+            raise ConnectionRefusedError("nobody listening")
+        if len(ledger) == 2:
+            raise NotApplied("rate limited before sending")
+        return "posted"
+
+    with al.idempotency_scope(task_id="thread-3", step="reply"):
+        with pytest.raises(ConnectionRefusedError):
+            post("hello")
+        with pytest.raises(NotApplied):
+            post("hello")
+        assert post("hello") == "posted"
+        assert post.outcome("hello").replayed
+    assert ledger == ["hello", "hello", "hello"]
+
+
+def test_an_ambiguous_failure_stays_in_flight_until_its_lease_runs_out(store: Store) -> None:
+    keys = keys_with(store, hold_for=SHORT)
+    ledger: list[int] = []
+
+    @al.idempotent(tool="wire", store=keys, step="w")
+    def wire(amount: int) -> str:
+        ledger.append(amount)
+        if len(ledger) == 1:
+            raise TimeoutError("bank did not answer")  # did the wire go out? unknown
+        return "sent"
+
+    try:
+        with al.idempotency_scope(task_id="payout-4"):
+            with pytest.raises(TimeoutError):
+                wire(100)
+            with pytest.raises(DuplicateInFlight) as info:
+                wire(100)  # not released: the first call may still land
+            assert 0 < info.value.retry_after <= SHORT + 0.05
+            assert info.value.holder
+            time.sleep(PAST)
+            out = wire.outcome(100)  # taken over, with the same key for the bank to dedupe
+            assert out.replayed is False
+            record = keys.get(out.key)
+            assert record is not None
+            assert record.fence == 2
+            assert record.state == "done"
+    finally:
+        if store.kind != "memory":
+            keys.close()
+    assert ledger == [100, 100]
+
+
+def test_the_same_key_with_other_arguments_is_a_conflict(keys: al.Idempotency) -> None:
+    ledger: list[object] = []
+    upstream = "req-7f3a9c"  # an Idempotency-Key sent by an upstream client
+
+    def act(args: dict[str, object]) -> al.Outcome[object]:
+        def run() -> object:
+            ledger.append(args)
+            return len(ledger)
+
+        return keys.call(run, tool="refund", args=args, key=upstream)
+
+    assert act({"order": 1, "cents": 100}).value == 1
+    assert act({"cents": 100.0, "order": 1}).replayed  # the same arguments, spelled differently
+    with pytest.raises(IdempotencyConflict) as info:
+        act({"order": 1, "cents": 999})
+    assert info.value.stored_fingerprint == fingerprint({"order": 1, "cents": 100})
+    assert info.value.given_fingerprint == fingerprint({"order": 1, "cents": 999})
+    assert ledger == [{"order": 1, "cents": 100}]
+
+
+def test_a_concurrent_caller_may_wait_for_the_original(store: Store) -> None:
+    keys = keys_with(store, hold_for=SHORT)
+    ledger: list[str] = []
+    started = threading.Event()
+
+    def slow() -> str:
+        ledger.append("ran")
+        started.set()
+        time.sleep(1.2)  # longer than hold_for: renewals keep the reservation
+        return "original"
+
+    results: dict[str, object] = {}
+
+    def first() -> None:
+        results["first"] = keys.call(slow, tool="t", args={}, step="s", task_id="w-5")
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    try:
+        assert started.wait(10)
+        with pytest.raises(DuplicateInFlight):
+            keys.call(slow, tool="t", args={}, step="s", task_id="w-5")
+        waited = keys.call(slow, tool="t", args={}, step="s", task_id="w-5", wait=10.0)
+        thread.join(10)
+        assert waited.replayed
+        assert waited.value == "original"
+        assert results["first"] == al.Outcome("original", False, waited.key)
+    finally:
+        thread.join(10)
+        if store.kind != "memory":
+            keys.close()
+    assert ledger == ["ran"]
+
+
+def test_a_result_that_cannot_be_stored_is_refused_and_never_acted_again(
+    keys: al.Idempotency,
+) -> None:
+    ledger: list[int] = []
+
+    @al.idempotent(tool="create_user", store=keys, step="u")
+    def create_user(name: str) -> object:
+        ledger.append(1)
+        return {"user": name, "tags": {"a", "b"}}  # a set is not JSON
+
+    with al.idempotency_scope(task_id="signup-6"):
+        with pytest.raises(NotJSON):
+            create_user("ana")
+        with pytest.raises(NotJSON):  # replayed: the user exists, acting again would duplicate
+            create_user("ana")
+    assert ledger == [1]
+
+
+def test_missing_identity_is_an_error_and_nothing_runs(keys: al.Idempotency) -> None:
+    ledger: list[int] = []
+
+    @al.idempotent(tool="t", store=keys)
+    def tool(x: int) -> int:
+        ledger.append(x)
+        return x
+
+    with pytest.raises(MissingIdentity):
+        tool(1)  # no task
+    with al.idempotency_scope(task_id="t-7"), pytest.raises(MissingIdentity):
+        tool(1)  # no step
+    with pytest.raises(MissingIdentity):
+        al.current_key()
+    with pytest.raises(NotJSON), al.idempotency_scope(task_id="t-7", step="s"):
+        tool(object())  # type: ignore[arg-type]
+    assert ledger == []
+
+
+def test_a_key_past_its_window_runs_again(store: Store) -> None:
+    keys = keys_with(store, window=SHORT)
+    ledger: list[int] = []
+    try:
+        with al.idempotency_scope(task_id="t-8", step="s"):
+
+            @al.idempotent(tool="t", store=keys)
+            def tool() -> int:
+                ledger.append(1)
+                return len(ledger)
+
+            assert tool() == 1
+            assert tool() == 1
+            time.sleep(PAST)
+            assert tool() == 2
+    finally:
+        if store.kind != "memory":
+            keys.close()
+
+
+def test_a_worker_keys_actions_on_its_task(store: Store) -> None:
+    q = store.queue()
+    keys = (
+        al.Idempotency(store.backend())
+        if store.kind == "memory"
+        else al.Idempotency.connect(store.url)
+    )
+    ledger: Counter[str] = Counter()
+
+    @al.idempotent(tool="notify", store=keys, step="n")
+    def notify(user: str) -> str:
+        ledger[al.current_key()] += 1
+        return user
+
+    def handler(ctx: al.JobContext) -> object:
+        assert isinstance(ctx.payload, dict)
+        return [notify(ctx.payload["user"]), notify(ctx.payload["user"])]
+
+    try:
+        enq = q.enqueue("jobs", {"user": "ana"})
+        al.Worker(q, "jobs", handler).run(burst=True, handle_signals=False)
+        task = q.get(enq.task_id)
+        assert task.state == "done"
+        assert task.result == ["ana", "ana"]
+        key = derive_key(enq.task_id, "n", "notify", {"user": "ana"})
+        assert ledger == Counter({key: 1})
+    finally:
+        if store.kind != "memory":
+            keys.close()
