@@ -349,14 +349,18 @@ class Idempotency:
             BackendUnavailable: the store keeps answering too slowly to hold a reservation.
         """
         hold_for = self.settings.hold_for
-        for _ in range(3):
+        for attempt in range(4):
             if time.monotonic() - sent <= hold_for / 3:
                 return hold
+            if attempt == 3:
+                break
             sent = time.monotonic()
             try:
                 hold = self.backend.extend_key(hold, hold_for)
             except ReservationLost:
                 return None
+        with contextlib.suppress(AgentLeaseError):
+            self.backend.release_key(hold)  # nothing ran: let the next attempt act at once
         raise BackendUnavailable(
             f"the store at {self.backend.url} answers slower than a third of hold_for"
             f" ({hold_for} s): a reservation cannot be held safely"
