@@ -46,6 +46,10 @@ RENAMES = {
     "AsyncIdempotency": "Idempotency",
     "AsyncAction": "Action",
     "AsyncRenewals": "Renewals",
+    # Shared-state guards.
+    "AsyncSharedState": "SharedState",
+    "AsyncLockSet": "LockSet",
+    "AsyncTicker": "Ticker",
 }
 SUBS: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"\basync def\b"), "def"),

@@ -7,12 +7,15 @@ reaped. The public API is this module's ``__all__``; everything else is private.
 
 from agentlease._async.idempotency import AsyncAction, AsyncIdempotency
 from agentlease._async.queue import AsyncQueue
+from agentlease._async.state import AsyncLockSet, AsyncSharedState
 from agentlease._codec import JSON
 from agentlease._context import AsyncJobContext, JobContext
 from agentlease._events import Event
+from agentlease._guards import ModelCall, held_locks, model_call
 from agentlease._idempotent import AsyncIdempotentFunction, IdempotentFunction, idempotent
 from agentlease._outcomes import NotApplied, Outcome
 from agentlease._policy.retry import RetryPolicy, full_jitter
+from agentlease._policy.transitions import StateMachine
 from agentlease._records import (
     Enqueued,
     Job,
@@ -25,11 +28,14 @@ from agentlease._records import (
     Task,
     TaskSpec,
     TaskState,
+    Versioned,
 )
 from agentlease._scope import current_fence, current_key, idempotency_scope
 from agentlease._settings import IdempotencySettings, QueueSettings
 from agentlease._sync.idempotency import Action, Idempotency
 from agentlease._sync.queue import Queue
+from agentlease._sync.state import LockSet, SharedState
+from agentlease._versioned_sql import versioned_update
 from agentlease._worker import AsyncWorker, Worker, WorkerSettings
 from agentlease.backends import AsyncBackend, Backend, connect, connect_async
 from agentlease.backends.memory import MemoryBackend
@@ -38,7 +44,10 @@ from agentlease.errors import (
     BackendError,
     BackendUnavailable,
     Cancelled,
+    ConflictError,
     DuplicateInFlight,
+    FencedOff,
+    GuardError,
     IdempotencyConflict,
     IdempotencyError,
     InvalidDuration,
@@ -46,14 +55,20 @@ from agentlease.errors import (
     InvalidName,
     InvalidURL,
     LeaseLost,
+    LimitReached,
+    LockHeldAcrossModelCall,
+    LockLost,
+    LockTimeout,
     MissingDriver,
     MissingIdentity,
     NotFound,
     NotJSON,
+    NotLockOwner,
     PayloadError,
     PayloadTooLarge,
     ReplayedFailure,
     ReservationLost,
+    TransitionRefused,
     UnknownQueue,
     UnknownTask,
     WorkerError,
@@ -70,15 +85,20 @@ __all__ = [
     "AsyncIdempotency",
     "AsyncIdempotentFunction",
     "AsyncJobContext",
+    "AsyncLockSet",
     "AsyncQueue",
+    "AsyncSharedState",
     "AsyncWorker",
     "Backend",
     "BackendError",
     "BackendUnavailable",
     "Cancelled",
+    "ConflictError",
     "DuplicateInFlight",
     "Enqueued",
     "Event",
+    "FencedOff",
+    "GuardError",
     "Idempotency",
     "IdempotencyConflict",
     "IdempotencyError",
@@ -95,12 +115,19 @@ __all__ = [
     "Lease",
     "LeaseInfo",
     "LeaseLost",
+    "LimitReached",
+    "LockHeldAcrossModelCall",
+    "LockLost",
+    "LockSet",
+    "LockTimeout",
     "MemoryBackend",
     "MissingDriver",
     "MissingIdentity",
+    "ModelCall",
     "NotApplied",
     "NotFound",
     "NotJSON",
+    "NotLockOwner",
     "Outcome",
     "PayloadError",
     "PayloadTooLarge",
@@ -111,11 +138,15 @@ __all__ = [
     "ReplayedFailure",
     "ReservationLost",
     "RetryPolicy",
+    "SharedState",
+    "StateMachine",
     "Task",
     "TaskSpec",
     "TaskState",
+    "TransitionRefused",
     "UnknownQueue",
     "UnknownTask",
+    "Versioned",
     "Worker",
     "WorkerError",
     "WorkerSettings",
@@ -125,6 +156,9 @@ __all__ = [
     "current_fence",
     "current_key",
     "full_jitter",
+    "held_locks",
     "idempotency_scope",
     "idempotent",
+    "model_call",
+    "versioned_update",
 ]

@@ -1,5 +1,5 @@
-"""The records that cross the storage seam and reach users: tasks, leases, jobs, stats, and the
-reservations and outcomes of idempotency keys.
+"""The records that cross the storage seam and reach users: tasks, leases, jobs, stats; the
+reservations and outcomes of idempotency keys; versioned records and lock grants.
 
 Values are kept as the JSON bytes the store holds and decoded on access, so a backend never
 encodes or decodes and every backend returns byte-identical values.
@@ -22,12 +22,16 @@ __all__ = [
     "Lease",
     "LeaseInfo",
     "LeaseTerms",
+    "LockBusy",
     "NewTask",
     "QueueStats",
     "Reaped",
+    "RecordWrite",
+    "StateRecord",
     "Task",
     "TaskSpec",
     "TaskState",
+    "Versioned",
 ]
 
 TaskState = Literal["scheduled", "queued", "leased", "failed", "done", "dead"]
@@ -360,3 +364,65 @@ def key_record_from_row(row: Sequence[Any], now: float) -> KeyRecord:
         purge_at=row[10],
         now=now,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class RecordWrite:
+    """One guarded write of a versioned record, applied in one atomic step.
+
+    Checked in this order against the record as stored (an absent record has version 0, no
+    fields and fence 0); the first that fails refuses the write and nothing changes:
+
+    1. ``fence``: refused (:class:`~agentlease.errors.FencedOff`) if lower than the highest
+       fencing token the record has seen; else the record keeps the higher of the two.
+    2. ``expected_version``: refused (:class:`~agentlease.errors.ConflictError`) unless equal to
+       the stored version (0: the record must not exist). ``None`` checks nothing (a blind
+       field write).
+    3. ``guard_field``: refused (:class:`~agentlease.errors.TransitionRefused`) unless the
+       stored JSON of that field is one of ``allowed_from`` (``None`` in it: the field may be
+       absent).
+
+    Then ``fields`` (field name -> JSON bytes) are set (``replace``: and every other field is
+    dropped), and the version goes up by one.
+    """
+
+    fields: dict[str, bytes]
+    replace: bool = False
+    expected_version: int | None = None
+    guard_field: str | None = None
+    allowed_from: tuple[bytes | None, ...] = ()
+    fence: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StateRecord:
+    """A versioned record as stored: its fields (JSON bytes each), version and fence."""
+
+    key: str
+    version: int
+    fields: dict[str, bytes]
+    fence: int
+    updated_at: float
+
+    @property
+    def value(self) -> dict[str, JSON]:
+        """The record's fields, decoded."""
+        return {name: decode(data) for name, data in self.fields.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class LockBusy:
+    """Why a lock set was not acquired: the first lock (in canonical order) held by another
+    owner, its holder, and the seconds until its lease runs out."""
+
+    name: str
+    holder: str
+    retry_after: float
+
+
+@dataclass(frozen=True, slots=True)
+class Versioned:
+    """A record's value and the version it was read at (0 and ``{}``: it does not exist)."""
+
+    value: dict[str, JSON]
+    version: int

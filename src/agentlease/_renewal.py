@@ -21,7 +21,15 @@ from dataclasses import dataclass, field
 from agentlease._records import KeyHold
 from agentlease.errors import BackendError, ReservationLost
 
-__all__ = ["AsyncRenewals", "Renewals", "Renewing", "async_sleep", "sync_sleep"]
+__all__ = [
+    "AsyncRenewals",
+    "AsyncTicker",
+    "Renewals",
+    "Renewing",
+    "Ticker",
+    "async_sleep",
+    "sync_sleep",
+]
 
 async_sleep = asyncio.sleep
 sync_sleep = time.sleep
@@ -157,3 +165,59 @@ class Renewals(_Base):
             thread, self._thread = self._thread, None
         if thread is not None and thread is not threading.current_thread():
             thread.join()
+
+
+class AsyncTicker:
+    """Calls ``tick`` every ``every`` seconds from an asyncio task until stopped; keeps the
+    first error it raised (and stops ticking then)."""
+
+    def __init__(self, tick: Callable[[], Awaitable[None]], every: float) -> None:
+        self.error: BaseException | None = None
+        self._tick = tick
+        self._every = every
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self._every)
+            try:
+                await self._tick()
+            except BackendError:
+                continue  # a store outage: the next tick tries again
+            except Exception as exc:
+                self.error = exc
+                return
+
+    async def stop(self) -> None:
+        """Stop ticking (waits for a tick in progress)."""
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+
+
+class Ticker:
+    """Calls ``tick`` every ``every`` seconds from a daemon thread until stopped; keeps the
+    first error it raised (and stops ticking then)."""
+
+    def __init__(self, tick: Callable[[], None], every: float) -> None:
+        self.error: BaseException | None = None
+        self._tick = tick
+        self._every = every
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="agentlease-ticker", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stopped.wait(self._every):
+            try:
+                self._tick()
+            except BackendError:
+                continue
+            except Exception as exc:
+                self.error = exc
+                return
+
+    def stop(self) -> None:
+        """Stop ticking (waits for a tick in progress)."""
+        self._stopped.set()
+        self._thread.join()

@@ -20,6 +20,15 @@ Every refusal is one of these classes, so callers can catch exactly what they me
     │   ├── IdempotencyConflict                 the key was used with other arguments
     │   ├── ReservationLost                     a holder write with a stale reservation token
     │   └── ReplayedFailure                     a stored failure whose type is not known here
+    ├── GuardError                              a shared-state guard refused; nothing changed
+    │   ├── ConflictError                       the record's version moved (current state attached)
+    │   ├── TransitionRefused                   the declared state machine forbids that move
+    │   ├── FencedOff                           a write carrying an older fencing token
+    │   ├── LimitReached                        a bounded counter would leave its range
+    │   ├── LockTimeout                         a lock set was not acquired within its timeout
+    │   ├── LockLost                            a held lock ran out or was taken (renewal failed)
+    │   ├── NotLockOwner                        a release by someone who does not hold the lock
+    │   └── LockHeldAcrossModelCall             a model call entered while the task holds a lock
     ├── BackendError                            the store failed; the driver error is __cause__
     │   ├── BackendUnavailable                  cannot reach or open the store
     │   └── MissingDriver                       the backend's optional extra is not installed
@@ -36,7 +45,10 @@ __all__ = [
     "BackendError",
     "BackendUnavailable",
     "Cancelled",
+    "ConflictError",
     "DuplicateInFlight",
+    "FencedOff",
+    "GuardError",
     "IdempotencyConflict",
     "IdempotencyError",
     "InvalidDuration",
@@ -44,14 +56,20 @@ __all__ = [
     "InvalidName",
     "InvalidURL",
     "LeaseLost",
+    "LimitReached",
+    "LockHeldAcrossModelCall",
+    "LockLost",
+    "LockTimeout",
     "MissingDriver",
     "MissingIdentity",
     "NotFound",
     "NotJSON",
+    "NotLockOwner",
     "PayloadError",
     "PayloadTooLarge",
     "ReplayedFailure",
     "ReservationLost",
+    "TransitionRefused",
     "UnknownQueue",
     "UnknownTask",
     "WorkerError",
@@ -213,6 +231,108 @@ class ReplayedFailure(IdempotencyError):
         super().__init__(f"{error_type}: {error_message} (replayed failure)", key)
         self.error_type = error_type
         self.error_message = error_message
+
+
+class GuardError(AgentLeaseError):
+    """A shared-state guard refused a write or an acquisition; nothing changed."""
+
+
+class ConflictError(GuardError):
+    """The record's version moved since it was read: re-read and re-apply.
+
+    ``current_version`` is the record's version now (0 if it does not exist) and
+    ``current_value`` its value (``None`` if it does not exist).
+    """
+
+    def __init__(
+        self, key: str, expected_version: int, current_version: int, current_value: object
+    ) -> None:
+        super().__init__(f"record {key!r} is at version {current_version}, not {expected_version}")
+        self.key = key
+        self.expected_version = expected_version
+        self.current_version = current_version
+        self.current_value = current_value
+
+
+class TransitionRefused(GuardError):
+    """The write would move a record's state where its state machine does not allow."""
+
+    def __init__(self, key: str, field: str, current: object, target: object) -> None:
+        super().__init__(f"record {key!r}: {field} may not move from {current!r} to {target!r}")
+        self.key = key
+        self.field = field
+        self.current = current
+        self.target = target
+
+
+class FencedOff(GuardError):
+    """A write carried an older fencing token than one the resource has already seen."""
+
+    def __init__(self, key: str, fence: int, current_fence: int) -> None:
+        super().__init__(
+            f"record {key!r} refuses fencing token {fence}: it has seen {current_fence}"
+        )
+        self.key = key
+        self.fence = fence
+        self.current_fence = current_fence
+
+
+class LimitReached(GuardError):
+    """A bounded counter would leave its range; its value is unchanged."""
+
+    def __init__(
+        self, name: str, value: int, delta: int, low: int | None, high: int | None
+    ) -> None:
+        bound = (
+            f"at most {high}" if high is not None and value + delta > high else f"at least {low}"
+        )
+        super().__init__(f"counter {name!r} is {value}; adding {delta} would break {bound}")
+        self.name = name
+        self.value = value
+        self.delta = delta
+        self.low = low
+        self.high = high
+
+
+class LockTimeout(GuardError):
+    """A lock set was not acquired within its timeout (all or nothing: none is held)."""
+
+    def __init__(self, names: tuple[str, ...], timeout: float, busy: str, holder: str) -> None:
+        super().__init__(
+            f"locks {list(names)} not acquired within {timeout} s: {busy!r} is held by {holder!r}"
+        )
+        self.names = names
+        self.timeout = timeout
+        self.busy = busy
+        self.holder = holder
+
+
+class LockLost(GuardError):
+    """A held lock ran out or was taken by another owner: its protection is gone."""
+
+    def __init__(self, names: tuple[str, ...], detail: str = "") -> None:
+        super().__init__(f"locks {list(names)} lost" + (f": {detail}" if detail else ""))
+        self.names = names
+
+
+class NotLockOwner(GuardError):
+    """A release of a lock by someone who does not hold it; the lock is unchanged."""
+
+    def __init__(self, name: str, holder: str | None) -> None:
+        super().__init__(f"lock {name!r} is not held by the caller (holder: {holder!r})")
+        self.name = name
+        self.holder = holder
+
+
+class LockHeldAcrossModelCall(GuardError):
+    """A model call was entered while the current task holds locks: every other agent would
+    wait for the model."""
+
+    def __init__(self, names: tuple[str, ...]) -> None:
+        super().__init__(
+            f"a model call was entered while holding locks {list(names)}: release them first"
+        )
+        self.names = names
 
 
 class BackendError(AgentLeaseError):

@@ -5,6 +5,25 @@ from __future__ import annotations
 import agentlease
 
 PUBLIC = {
+    "versioned_update",
+    "AsyncLockSet",
+    "AsyncSharedState",
+    "LockSet",
+    "ModelCall",
+    "SharedState",
+    "StateMachine",
+    "Versioned",
+    "held_locks",
+    "model_call",
+    "ConflictError",
+    "FencedOff",
+    "GuardError",
+    "LimitReached",
+    "LockHeldAcrossModelCall",
+    "LockLost",
+    "LockTimeout",
+    "NotLockOwner",
+    "TransitionRefused",
     "Action",
     "AsyncAction",
     "AsyncIdempotency",
@@ -87,6 +106,8 @@ def test_sync_and_async_faces_have_the_same_method_names() -> None:
     assert methods(agentlease.Worker) - {"processed"} <= methods(agentlease.AsyncWorker)
     assert methods(agentlease.Idempotency) == methods(agentlease.AsyncIdempotency)
     assert methods(agentlease.Action) == methods(agentlease.AsyncAction)
+    assert methods(agentlease.SharedState) == methods(agentlease.AsyncSharedState)
+    assert methods(agentlease.LockSet) == methods(agentlease.AsyncLockSet)
 
 
 def test_every_error_descends_from_one_root() -> None:

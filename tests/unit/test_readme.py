@@ -32,3 +32,5 @@ def test_readme_examples_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     _task_id, attempt, current = lines[2].split()
     assert (attempt, current) == ("1", "1")
     assert lines[3] == "False True True 1"
+    assert lines[4] == "approved -> review"
+    assert lines[5] == "refused: at least one stays on call"

@@ -21,9 +21,12 @@ from agentlease._records import (
     Lease,
     LeaseInfo,
     LeaseTerms,
+    LockBusy,
     NewTask,
     QueueStats,
     Reaped,
+    RecordWrite,
+    StateRecord,
     Task,
 )
 from agentlease.errors import LeaseLost, UnknownTask
@@ -144,6 +147,35 @@ class ThreadedAsyncBackend:
 
     async def purge_keys(self, limit: int) -> int:
         return await self._run(self._sync.purge_keys, limit)
+
+    async def get_record(self, key: str) -> StateRecord | None:
+        return await self._run(self._sync.get_record, key)
+
+    async def write_record(self, key: str, write: RecordWrite) -> StateRecord:
+        return await self._run(self._sync.write_record, key, write)
+
+    async def add_counter(self, name: str, delta: int, low: int | None, high: int | None) -> int:
+        return await self._run(self._sync.add_counter, name, delta, low, high)
+
+    async def get_counter(self, name: str) -> int:
+        return await self._run(self._sync.get_counter, name)
+
+    async def acquire_locks(
+        self, names: Sequence[str], owner: str, ttl: float
+    ) -> list[int] | LockBusy:
+        return await self._run(self._sync.acquire_locks, names, owner, ttl)
+
+    async def extend_locks(self, names: Sequence[str], owner: str, ttl: float) -> list[str]:
+        return await self._run(self._sync.extend_locks, names, owner, ttl)
+
+    async def release_locks(self, names: Sequence[str], owner: str) -> list[str]:
+        return await self._run(self._sync.release_locks, names, owner)
+
+    async def lock_holders(self, names: Sequence[str]) -> list[tuple[str, float] | None]:
+        return await self._run(self._sync.lock_holders, names)
+
+    async def sweep_locks(self, limit: int) -> int:
+        return await self._run(self._sync.sweep_locks, limit)
 
     async def close(self) -> None:
         if self._executor is None:

@@ -16,6 +16,12 @@ each transition one atomic step. The holder of an in-flight reservation proves i
 token of its :class:`~agentlease._records.KeyHold`; a write with another token raises
 :class:`~agentlease.errors.ReservationLost` and changes nothing. A key whose ``purge_at`` has
 passed counts as absent, whether or not the store has deleted it yet.
+
+Shared-state guards (``*_record``, ``*_counter``, ``*_locks`` primitives) are each one atomic
+step too: a versioned record's write checks its fence, version and state transition and writes
+in the same step; a bounded counter refuses to leave its range; a lock set is acquired all or
+nothing, with lock leases on the store's clock and a fencing token per lock that only increases.
+Lock names share one namespace per store (on Redis Cluster: one hash tag, so one shard).
 """
 
 from __future__ import annotations
@@ -31,9 +37,12 @@ from agentlease._records import (
     Lease,
     LeaseInfo,
     LeaseTerms,
+    LockBusy,
     NewTask,
     QueueStats,
     Reaped,
+    RecordWrite,
+    StateRecord,
     Task,
 )
 from agentlease.errors import LeaseLost, UnknownTask
@@ -191,6 +200,61 @@ class Backend(Protocol):
         store that expires keys itself (Redis TTLs) returns 0."""
         ...
 
+    # -- shared-state guards ---------------------------------------------------------------------
+
+    def get_record(self, key: str) -> StateRecord | None:
+        """Read a versioned record; ``None`` if it was never written."""
+        ...
+
+    def write_record(self, key: str, write: RecordWrite) -> StateRecord:
+        """Apply one guarded write (see :class:`~agentlease._records.RecordWrite`) in one atomic
+        step and return the record as written; raises FencedOff, ConflictError (with the
+        current version and decoded value) or TransitionRefused (with the current and target
+        states, decoded) and changes nothing."""
+        ...
+
+    def add_counter(self, name: str, delta: int, low: int | None, high: int | None) -> int:
+        """Add ``delta`` to a counter (absent: 0) and return its new value, in one atomic step;
+        raises LimitReached and changes nothing if the result would be below ``low`` or above
+        ``high``."""
+        ...
+
+    def get_counter(self, name: str) -> int:
+        """A counter's value (0 if it was never written)."""
+        ...
+
+    def acquire_locks(self, names: Sequence[str], owner: str, ttl: float) -> list[int] | LockBusy:
+        """Acquire every lock of ``names`` for ``owner``, or none, in one atomic step.
+
+        A lock is free when nobody holds it or its lease (``expires_at``) has passed; a lock
+        ``owner`` already holds counts as free (re-acquiring renews it and draws a new token).
+        On success each lock gets ``expires_at = now + ttl`` and a fencing token one above its
+        previous one (tokens of a name only ever increase, across releases and sweeps), and the
+        tokens are returned in the order of ``names``. Otherwise the first busy lock is
+        reported and nothing changes. ``names`` arrive sorted and without duplicates.
+        """
+        ...
+
+    def extend_locks(self, names: Sequence[str], owner: str, ttl: float) -> list[str]:
+        """Renew every lock of ``names`` that ``owner`` holds with a live lease to
+        ``now + ttl``, in one atomic step; returns the names it does not hold (unchanged)."""
+        ...
+
+    def release_locks(self, names: Sequence[str], owner: str) -> list[str]:
+        """Release every lock of ``names`` that ``owner`` holds with a live lease, in one atomic
+        step; returns the names it does not hold, which are left unchanged (a release by a
+        non-owner is refused, whoever holds the lock)."""
+        ...
+
+    def lock_holders(self, names: Sequence[str]) -> list[tuple[str, float] | None]:
+        """For each name, its live holder and lease expiry (store clock), or ``None`` if free."""
+        ...
+
+    def sweep_locks(self, limit: int) -> int:
+        """Free up to ``limit`` locks whose lease has passed, through an index on expiry;
+        returns how many. (Acquisition treats them as free anyway; this keeps reads tidy.)"""
+        ...
+
     def close(self) -> None:
         """Release connections."""
         ...
@@ -240,6 +304,19 @@ class AsyncBackend(Protocol):
     async def release_key(self, hold: KeyHold) -> None: ...
     async def get_key(self, key: str) -> KeyRecord | None: ...
     async def purge_keys(self, limit: int) -> int: ...
+    async def get_record(self, key: str) -> StateRecord | None: ...
+    async def write_record(self, key: str, write: RecordWrite) -> StateRecord: ...
+    async def add_counter(
+        self, name: str, delta: int, low: int | None, high: int | None
+    ) -> int: ...
+    async def get_counter(self, name: str) -> int: ...
+    async def acquire_locks(
+        self, names: Sequence[str], owner: str, ttl: float
+    ) -> list[int] | LockBusy: ...
+    async def extend_locks(self, names: Sequence[str], owner: str, ttl: float) -> list[str]: ...
+    async def release_locks(self, names: Sequence[str], owner: str) -> list[str]: ...
+    async def lock_holders(self, names: Sequence[str]) -> list[tuple[str, float] | None]: ...
+    async def sweep_locks(self, limit: int) -> int: ...
     async def close(self) -> None: ...
 
     async def wait_for_work(self, queue: str, timeout: float) -> None:

@@ -4,8 +4,9 @@ Each primitive runs under one lock, so it is one atomic step for every thread of
 Ready tasks sit in a heap per queue, ordered by (priority descending, sequence); scheduled tasks
 and leases sit in heaps by time. Heap entries are validated when popped (lazy deletion), so claim,
 extend and complete cost O(log n) and the reaper's cost grows with the expired leases only.
-Idempotency keys live in a :class:`~agentlease.backends._memory_keys.KeyTable` under the same
-lock.
+Idempotency keys live in a :class:`~agentlease.backends._memory_keys.KeyTable`, versioned
+records, counters and locks in a :class:`~agentlease.backends._memory_state.StateTables`, under
+the same lock.
 """
 
 from __future__ import annotations
@@ -28,13 +29,17 @@ from agentlease._records import (
     Lease,
     LeaseInfo,
     LeaseTerms,
+    LockBusy,
     NewTask,
     QueueStats,
     Reaped,
+    RecordWrite,
+    StateRecord,
     Task,
     TaskState,
 )
 from agentlease.backends._memory_keys import KeyTable
+from agentlease.backends._memory_state import StateTables
 from agentlease.backends._threaded import ThreadedAsyncBackend
 from agentlease.backends.base import AsyncBackend
 from agentlease.errors import LeaseLost, UnknownQueue, UnknownTask
@@ -76,6 +81,7 @@ class MemoryBackend:
         self._dedup: dict[tuple[str, str], str] = {}
         self._seq = 0
         self._keys = KeyTable()
+        self._state = StateTables()
 
     # -- helpers (called with the lock held) ---------------------------------------------------
 
@@ -454,6 +460,42 @@ class MemoryBackend:
     def purge_keys(self, limit: int) -> int:
         with self._lock:
             return self._keys.purge(limit, self._clock())
+
+    def get_record(self, key: str) -> StateRecord | None:
+        with self._lock:
+            return self._state.records.get(key)
+
+    def write_record(self, key: str, write: RecordWrite) -> StateRecord:
+        with self._lock:
+            return self._state.write_record(key, write, self._clock())
+
+    def add_counter(self, name: str, delta: int, low: int | None, high: int | None) -> int:
+        with self._lock:
+            return self._state.add_counter(name, delta, low, high)
+
+    def get_counter(self, name: str) -> int:
+        with self._lock:
+            return self._state.counters.get(name, 0)
+
+    def acquire_locks(self, names: Sequence[str], owner: str, ttl: float) -> list[int] | LockBusy:
+        with self._lock:
+            return self._state.acquire(names, owner, ttl, self._clock())
+
+    def extend_locks(self, names: Sequence[str], owner: str, ttl: float) -> list[str]:
+        with self._lock:
+            return self._state.extend(names, owner, ttl, self._clock())
+
+    def release_locks(self, names: Sequence[str], owner: str) -> list[str]:
+        with self._lock:
+            return self._state.release(names, owner, self._clock())
+
+    def lock_holders(self, names: Sequence[str]) -> list[tuple[str, float] | None]:
+        with self._lock:
+            return self._state.holders(names, self._clock())
+
+    def sweep_locks(self, limit: int) -> int:
+        with self._lock:
+            return self._state.sweep(limit, self._clock())
 
     def close(self) -> None:
         """Nothing to release: the tasks live as long as this object."""

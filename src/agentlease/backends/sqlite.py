@@ -11,6 +11,9 @@ database is opened). ``reserve_key`` is one ``BEGIN IMMEDIATE`` transaction (rea
 one ``INSERT ... ON CONFLICT DO UPDATE ... WHERE ... RETURNING``); the holder writes are single
 statements fenced by the token; ``purge_keys`` deletes through the index on ``purge_at``.
 
+Versioned records, bounded counters and lock sets (schema version 3) are in
+:mod:`agentlease.backends._sqlite_state`.
+
 Durability: with ``synchronous=NORMAL`` (the default here) a committed write survives the crash
 of any process; a power loss may lose the last transactions. ``?synchronous=FULL`` keeps those too.
 """
@@ -50,6 +53,7 @@ from agentlease._records import (
     task_from_row,
 )
 from agentlease.backends._sqlfile import queries
+from agentlease.backends._sqlite_state import SQLiteState
 from agentlease.backends._threaded import ThreadedAsyncBackend
 from agentlease.backends.base import AsyncBackend
 from agentlease.errors import (
@@ -64,9 +68,9 @@ from agentlease.errors import (
 __all__ = ["SQLiteBackend"]
 
 Q = queries("agentlease.backends.sql", "sqlite.sql")
-# 1: tasks and queues; 2: idempotency keys. The schema is all "IF NOT EXISTS", so a database at
-# an older version is brought up to date by running it again.
-SCHEMA_VERSION = 2
+# 1: tasks and queues; 2: idempotency keys; 3: records, counters and locks. The schema is all
+# "IF NOT EXISTS", so a database at an older version is brought up to date by running it again.
+SCHEMA_VERSION = 3
 
 
 def _translate(path: str, exc: sqlite3.Error) -> BackendError:
@@ -132,7 +136,7 @@ class _Step:
             raise _translate(backend.path, exc) from exc
 
 
-class SQLiteBackend:
+class SQLiteBackend(SQLiteState):
     """Tasks in one SQLite database file, shared by every process on the machine.
 
     Args:

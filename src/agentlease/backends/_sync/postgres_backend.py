@@ -22,6 +22,8 @@ connection in autocommit mode, so each is its own transaction and one round trip
   reports it; the holder writes are one ``UPDATE`` each, fenced by the token (not the clock),
   and a refusal reads the key again to say why; ``purge_keys`` is one ``DELETE`` through the
   index on ``purge_at``. Results and errors are ``bytea``, kept as the client's bytes.
+* versioned records, bounded counters and lock sets (migration ``0003_state``) are one function
+  call or statement each, in :mod:`.postgres_state`.
 
 Concurrent claims never wait on each other (SKIP LOCKED); a holder's write and a reaper meet on
 the row lock, and the loser re-checks the row and finds it has moved on. All times come from
@@ -87,6 +89,7 @@ from agentlease.errors import (
 
 from .postgres_listener import Listener
 from .postgres_schema import migrate
+from .postgres_state import PostgresState
 
 __all__ = ["PostgresBackend"]
 
@@ -104,7 +107,7 @@ def _bytea(value: bytes | None) -> memoryview | None:
     return None if value is None else memoryview(value)
 
 
-class PostgresBackend:
+class PostgresBackend(PostgresState):
     """Tasks in one PostgreSQL schema, shared by every process that opens the same URL.
 
     Args:

@@ -47,6 +47,7 @@ from agentlease._records import (
 from agentlease.backends import _redis_url
 from agentlease.backends._sync.redis_keys import RedisKeys
 from agentlease.backends._sync.redis_link import Call, Client, RedisLink
+from agentlease.backends._sync.redis_state import RedisState
 from agentlease.backends.lua import (
     enqueued_from,
     jobs_from,
@@ -72,9 +73,9 @@ def _flag(value: bool) -> str:
     return "1" if value else "0"
 
 
-class RedisBackend(RedisKeys):
-    """Tasks (and idempotency keys, see :class:`RedisKeys`) in Redis (or a Redis Cluster),
-    shared by every process that can reach it.
+class RedisBackend(RedisKeys, RedisState):
+    """Tasks (and idempotency keys, see :class:`RedisKeys`; records, counters and locks, see
+    :class:`RedisState`) in Redis (or a Redis Cluster), shared by every process that can reach it.
 
     Args:
         options: the parsed URL (see :func:`agentlease.backends._redis_url.parse`).

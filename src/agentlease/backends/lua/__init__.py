@@ -2,9 +2,10 @@
 
 One ``.lua`` file per primitive, each with a header listing its KEYS, ARGV and return value,
 read here with :mod:`importlib.resources`. ``_lib.lua`` holds what they share (the task record's
-layout, the store's clock, the lease arithmetic, fencing, reaping) and ``_keys.lua`` what the
-idempotency-key scripts share (the key record's layout, its fencing); each script gets the
-helpers its ``-- helpers:`` line names, prepended after its ``#!lua`` line. Scripts are called
+layout, the store's clock, the lease arithmetic, fencing, reaping), ``_keys.lua`` what the
+idempotency-key scripts share (the key record's layout, its fencing) and ``_state.lua`` what the
+shared-state scripts share (the layouts of records and locks, who holds a lock); each script gets
+the helpers its ``-- helpers:`` line names, prepended after its ``#!lua`` line. Scripts are called
 by SHA and loaded again on NOSCRIPT (after a restart, a failover or ``SCRIPT FLUSH``); see
 ``_async/redis_link.py``.
 
@@ -32,6 +33,18 @@ on one Redis Cluster shard and every script is given all the keys it touches:
                             a cluster): state, fingerprint, fence, holder, token, times,
                             result or error, last request nonce (see ``_keys.lua``); Redis
                             expires it at its purge time
+``p:rec:{k}``               hash: versioned record ``k`` (its own hash tag): ``f:<name>`` ->
+                            that field's JSON, ``_v`` version, ``_f`` highest fence seen, ``_u``
+                            time of the last write (see ``_state.lua``)
+``p:ctr:{c}``               string: bounded counter ``c`` (its own hash tag)
+``{p:locks}:owner``         hash: lock name -> owner, until released or swept (every lock key
+                            shares the hash tag ``{p:locks}``: all locks live on one shard, so a
+                            lock set of any names is one script; the suffixes are not one
+                            letter, so a queue named ``locks`` cannot collide)
+``{p:locks}:expiry``        zset by expires_at: the locks of ``:owner`` (the sweep reads only
+                            the expired)
+``{p:locks}:fence``         hash: lock name -> last fencing token (kept: tokens only rise)
+``{p:locks}:freed``         hash: lock name -> request nonce of the release that freed it last
 =========================== ================================================================
 
 A queued task with a small payload costs about 500 bytes of Redis memory in all (its record,
@@ -56,22 +69,28 @@ from agentlease._records import (
     Lease,
     LeaseInfo,
     Reaped,
+    StateRecord,
     Task,
     TaskState,
 )
 
 __all__ = [
     "SCRIPTS",
+    "LockKeys",
     "QueueKeys",
     "Script",
+    "counter_key",
     "enqueued_from",
     "jobs_from",
     "key_hash",
     "key_hold_from",
     "key_record_from",
     "lease_infos_from",
+    "lock_keys",
     "queue_keys",
     "reaped_from",
+    "record_hash",
+    "state_record_from",
     "task_from",
 ]
 
@@ -95,9 +114,16 @@ NAMES = (
     "key_fail",
     "key_release",
     "key_get",
+    "record_write",
+    "counter_add",
+    "locks_acquire",
+    "locks_extend",
+    "locks_release",
+    "locks_holders",
+    "locks_sweep",
 )
 # Files of helpers, in the order their sections are prepended.
-LIBS = ("_lib.lua", "_keys.lua")
+LIBS = ("_lib.lua", "_keys.lua", "_state.lua")
 
 
 @dataclass(frozen=True, slots=True)
@@ -317,4 +343,60 @@ def key_record_from(key: str, v: list[Any]) -> KeyRecord:
         finished_at=_time(v[8]),
         purge_at=float(v[9]),
         now=float(v[10]),
+    )
+
+
+# -- shared-state guards -------------------------------------------------------------------------
+
+
+def record_hash(prefix: str, key: str) -> str:
+    """The hash of versioned record ``key`` under ``prefix`` (the key is its own hash tag)."""
+    return f"{prefix}:rec:{{{key}}}"
+
+
+def counter_key(prefix: str, name: str) -> str:
+    """The string of counter ``name`` under ``prefix`` (the name is its own hash tag)."""
+    return f"{prefix}:ctr:{{{name}}}"
+
+
+@dataclass(frozen=True, slots=True)
+class LockKeys:
+    """The keys of a store's locks, in the order each ``locks_*`` script lists them."""
+
+    acquire: tuple[str, ...]
+    extend: tuple[str, ...]
+    release: tuple[str, ...]
+    holders: tuple[str, ...]
+    sweep: tuple[str, ...]
+
+
+@lru_cache(maxsize=64)
+def lock_keys(prefix: str) -> LockKeys:
+    """The lock keys under ``prefix``, all with the hash tag ``{prefix:locks}``."""
+    tag = f"{{{prefix}:locks}}:"
+    owner, expiry, fence, freed = (tag + s for s in ("owner", "expiry", "fence", "freed"))
+    return LockKeys(
+        acquire=(owner, expiry, fence),
+        extend=(owner, expiry),
+        release=(owner, expiry, freed),
+        holders=(owner, expiry),
+        sweep=(owner, expiry),
+    )
+
+
+def state_record_from(key: str, stored: dict[bytes, bytes] | list[bytes]) -> StateRecord | None:
+    """A versioned record from its hash (HGETALL's dict, or a script's flat name, value list);
+    ``None`` if the hash is empty (never written)."""
+    pairs = (
+        stored if isinstance(stored, dict) else dict(zip(stored[::2], stored[1::2], strict=True))
+    )
+    if not pairs:
+        return None
+    fields = {name[2:].decode(): value for name, value in pairs.items() if name[:2] == b"f:"}
+    return StateRecord(
+        key=key,
+        version=int(pairs[b"_v"]),
+        fields=fields,
+        fence=int(pairs[b"_f"]),
+        updated_at=float(pairs[b"_u"]),
     )

@@ -18,6 +18,10 @@
 -- Idempotency keys (key_*) are fenced by "key = $key AND token = $token AND state = 'in_flight'"
 -- and the key not past its window (purge_at), with no expiry check: the token, not the clock,
 -- decides, so a holder whose in-flight lease ran out still writes until another takes it over.
+--
+-- Shared-state guards (record_*, counter_*, locks_*): each guarded write is one call of a
+-- function of postgres_migrations/0003_state.sql that locks the rows it decides on; a lock is
+-- held while it has an owner and expires_at > clock_timestamp().
 
 -- name: now
 SELECT extract(epoch FROM clock_timestamp())::float8;
@@ -278,6 +282,62 @@ WITH doomed AS MATERIALIZED (
     FOR UPDATE SKIP LOCKED
 )
 DELETE FROM agentlease_keys k WHERE k.key = ANY (ARRAY(SELECT d.key FROM doomed d));
+
+-- name: record_get
+-- One statement, so one snapshot of the record's row and fields (two arrays aligned by field).
+SELECT r.version, r.fence, extract(epoch FROM r.updated_at)::float8,
+       array(SELECT f.field FROM agentlease_record_fields f
+             WHERE f.key = r.key ORDER BY f.field),
+       array(SELECT f.value FROM agentlease_record_fields f
+             WHERE f.key = r.key ORDER BY f.field)
+FROM agentlease_records r WHERE r.key = %(key)s;
+
+-- name: record_write
+-- One call of agentlease_write_record() (postgres_migrations/0003_state.sql): lock, check,
+-- write, in one transaction.
+SELECT outcome, version, fence, updated_at, fields, vals
+FROM agentlease_write_record(
+    %(key)s::text, %(fields)s::text[], %(values)s::bytea[], %(replace)s::boolean,
+    %(expected)s::bigint, %(guard)s::text, %(allowed)s::bytea[], %(allow_absent)s::boolean,
+    %(fence)s::bigint
+);
+
+-- name: counter_add
+SELECT added, value
+FROM agentlease_add_counter(%(name)s::text, %(delta)s::bigint, %(low)s::bigint, %(high)s::bigint);
+
+-- name: counter_get
+SELECT value FROM agentlease_counters WHERE name = %(name)s;
+
+-- name: locks_acquire
+SELECT name, fence, holder, retry_after
+FROM agentlease_acquire_locks(%(names)s::text[], %(owner)s::text, %(ttl)s::float8);
+
+-- name: locks_extend
+SELECT name FROM agentlease_extend_locks(%(names)s::text[], %(owner)s::text, %(ttl)s::float8);
+
+-- name: locks_release
+SELECT name FROM agentlease_release_locks(%(names)s::text[], %(owner)s::text);
+
+-- name: locks_holders
+SELECT l.name, l.owner, extract(epoch FROM l.expires_at)::float8
+FROM agentlease_locks l
+WHERE l.name = ANY (%(names)s::text[]) AND l.owner IS NOT NULL
+  AND l.expires_at > (SELECT clock_timestamp());
+
+-- name: locks_sweep
+-- Soonest expiry first through the partial index on expires_at, bounded by the clock read once.
+-- Rows another transaction holds (an acquire or a release right now) are skipped; the rows
+-- picked stay locked until the UPDATE, which finds them by primary key.
+WITH doomed AS MATERIALIZED (
+    SELECT l.name FROM agentlease_locks l
+    WHERE l.owner IS NOT NULL AND l.expires_at <= (SELECT clock_timestamp())
+    ORDER BY l.expires_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE agentlease_locks l SET owner = NULL, expires_at = NULL
+WHERE l.name = ANY (ARRAY(SELECT d.name FROM doomed d));
 
 -- name: migrations_exist
 SELECT to_regclass('agentlease_migrations') IS NOT NULL;

@@ -4,6 +4,10 @@
 -- Idempotency keys (key_*): a key whose purge_at has passed counts as absent everywhere. Holder
 -- writes are fenced by "token = :token AND state = 'in_flight'" (and the key not past its
 -- window): the token, not the clock, decides, so a late holder nobody took over still writes.
+--
+-- Shared-state guards (record_*, counter_*, locks_*): names of a lock set travel as one JSON
+-- array (:names) read with json_each. A lock is held while it has an owner and
+-- expires_at > :now, so an expired lock is free whether or not a sweep has cleared it.
 
 -- name: schema
 -- Run statement by statement, split on semicolons: keep them out of the comments here.
@@ -69,6 +73,36 @@ CREATE TABLE IF NOT EXISTS agentlease_keys (
     purge_at    REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS agentlease_keys_purge ON agentlease_keys (purge_at);
+-- Shared-state guards (schema version 3). A versioned record is one row of agentlease_records
+-- and one row per field in agentlease_record_fields (values of any size: a rowid table). Every
+-- write of a record runs in one BEGIN IMMEDIATE transaction, so writers of different fields
+-- never lose each other's writes. A record is never deleted.
+CREATE TABLE IF NOT EXISTS agentlease_records (
+    key        TEXT PRIMARY KEY,
+    version    INTEGER NOT NULL,
+    fence      INTEGER NOT NULL,
+    updated_at REAL NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS agentlease_record_fields (
+    key   TEXT NOT NULL,
+    field TEXT NOT NULL,
+    value BLOB NOT NULL,
+    PRIMARY KEY (key, field)
+);
+CREATE TABLE IF NOT EXISTS agentlease_counters (
+    name  TEXT PRIMARY KEY,
+    value INTEGER NOT NULL
+) WITHOUT ROWID;
+-- A lock row is never deleted, so its fence only rises: a free lock has no owner and no expiry.
+-- The partial index on expires_at lets a sweep visit held locks by expiry, and never free ones.
+CREATE TABLE IF NOT EXISTS agentlease_locks (
+    name       TEXT PRIMARY KEY,
+    owner      TEXT,
+    expires_at REAL,
+    fence      INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS agentlease_locks_expiry
+    ON agentlease_locks (expires_at) WHERE owner IS NOT NULL;
 
 -- name: bump_seq
 INSERT INTO agentlease_queues (name, seq) VALUES (:queue, :count)
@@ -265,3 +299,70 @@ FROM agentlease_keys WHERE key = :key AND purge_at > :now;
 DELETE FROM agentlease_keys
 WHERE rowid IN (SELECT rowid FROM agentlease_keys WHERE purge_at <= :now
                 ORDER BY purge_at LIMIT :limit);
+
+-- name: record_get
+-- One statement, so one snapshot: the record's row and all of its fields (one row with a NULL
+-- field when it has none, nothing when it was never written).
+SELECT r.version, r.fence, r.updated_at, f.field, f.value
+FROM agentlease_records r LEFT JOIN agentlease_record_fields f ON f.key = r.key
+WHERE r.key = :key;
+
+-- name: record_put
+INSERT INTO agentlease_records (key, version, fence, updated_at)
+VALUES (:key, :version, :fence, :now)
+ON CONFLICT (key) DO UPDATE
+SET version = excluded.version, fence = excluded.fence, updated_at = excluded.updated_at;
+
+-- name: record_drop_fields
+-- A replacing write: every field it does not set goes.
+DELETE FROM agentlease_record_fields
+WHERE key = :key AND field NOT IN (SELECT value FROM json_each(:fields));
+
+-- name: record_set_field
+INSERT INTO agentlease_record_fields (key, field, value) VALUES (:key, :field, :value)
+ON CONFLICT (key, field) DO UPDATE SET value = excluded.value;
+
+-- name: counter_set
+INSERT INTO agentlease_counters (name, value) VALUES (:name, :value)
+ON CONFLICT (name) DO UPDATE SET value = excluded.value;
+
+-- name: counter_get
+SELECT value FROM agentlease_counters WHERE name = :name;
+
+-- name: locks_busy
+-- The locks of the set held by another owner with a live lease.
+SELECT name, owner, expires_at FROM agentlease_locks
+WHERE name IN (SELECT value FROM json_each(:names))
+  AND owner IS NOT NULL AND owner <> :owner AND expires_at > :now;
+
+-- name: locks_take
+-- Every lock of the set, for :owner, fence + 1 (a new lock starts at 1).
+INSERT INTO agentlease_locks (name, owner, expires_at, fence)
+SELECT value, :owner, :expires_at, 1 FROM json_each(:names) WHERE true
+ON CONFLICT (name) DO UPDATE
+SET owner = excluded.owner, expires_at = excluded.expires_at, fence = fence + 1
+RETURNING name, fence;
+
+-- name: locks_extend
+UPDATE agentlease_locks SET expires_at = :expires_at
+WHERE name IN (SELECT value FROM json_each(:names))
+  AND owner = :owner AND expires_at > :now
+RETURNING name;
+
+-- name: locks_release
+UPDATE agentlease_locks SET owner = NULL, expires_at = NULL
+WHERE name IN (SELECT value FROM json_each(:names))
+  AND owner = :owner AND expires_at > :now
+RETURNING name;
+
+-- name: locks_holders
+SELECT name, owner, expires_at FROM agentlease_locks
+WHERE name IN (SELECT value FROM json_each(:names))
+  AND owner IS NOT NULL AND expires_at > :now;
+
+-- name: locks_sweep
+-- Soonest expiry first through the partial index: live and free locks are never visited.
+UPDATE agentlease_locks SET owner = NULL, expires_at = NULL
+WHERE name IN (SELECT name FROM agentlease_locks
+               WHERE owner IS NOT NULL AND expires_at <= :now
+               ORDER BY expires_at LIMIT :limit);

@@ -1,0 +1,383 @@
+# Generated from agentlease/_async/state.py by scripts/unasync.py. DO NOT EDIT.
+# Edit the asyncio source and run: python scripts/unasync.py
+"""Shared-state guards: versioned records, field writes, transition guards, bounded counters and
+lock sets, from the cheapest rung up.
+
+Written once for asyncio; the synchronous face is generated from this file by scripts/unasync.py.
+
+* **Versioned records** (optimistic concurrency): :meth:`SharedState.get` returns a value
+  and its version; :meth:`~SharedState.compare_and_set` writes only over that version
+  (else :class:`~agentlease.errors.ConflictError` with the current value);
+  :meth:`~SharedState.update` re-reads and re-applies a pure function, with bounded
+  full-jitter retries.
+* **Field writes**: :meth:`~SharedState.set_field` changes one field in one atomic step, so
+  two branches writing different fields both survive.
+* **Transition guards**: a :class:`~agentlease.StateMachine` given with a write is checked in the
+  store with the version; a backwards or sideways move raises
+  :class:`~agentlease.errors.TransitionRefused`.
+* **Bounded counters** (materialised constraints): :meth:`~SharedState.reserve` refuses
+  past a maximum, :meth:`~SharedState.take` below a minimum, so write skew across a fan-out
+  becomes a refusal on one contended row.
+* **Lock sets**: :meth:`~SharedState.locks` acquires several locks at once, in canonical
+  order, all or nothing, within a mandatory timeout, with a TTL renewed while held and a fencing
+  token per lock; a lost renewal is raised, not swallowed.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import socket
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from types import TracebackType
+
+from agentlease import _guards
+from agentlease import _validate as check
+from agentlease._codec import DEFAULT_MAX_BYTES, JSON, encode
+from agentlease._policy.transitions import StateMachine
+from agentlease._records import LockBusy, RecordWrite, StateRecord, Versioned
+from agentlease._renewal import Ticker, sync_sleep
+from agentlease.backends import Backend, connect
+from agentlease.errors import (
+    ConflictError,
+    InvalidInput,
+    LockLost,
+    LockTimeout,
+    NotLockOwner,
+)
+
+__all__ = ["LockSet", "SharedState"]
+
+_HOST = socket.gethostname()
+
+
+def _versioned(record: StateRecord | None) -> Versioned:
+    return Versioned({}, 0) if record is None else Versioned(record.value, record.version)
+
+
+class LockSet:
+    """Locks held together; use as ``with state.locks([...], timeout=...) as held``.
+
+    Attributes:
+        names: the locks, in canonical (sorted) order.
+        tokens: each lock's fencing token: pass it with every write to a fenced resource, which
+            refuses a token lower than one it has seen.
+    """
+
+    def __init__(
+        self, state: SharedState, names: tuple[str, ...], timeout: float, ttl: float
+    ) -> None:
+        self.names = names
+        self._timeout = timeout
+        self.tokens: dict[str, int] = {}
+        self._state = state
+        self._ttl = ttl
+        self._owner = f"{_HOST}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+        self._ticker: Ticker | None = None
+        self._scope_token: object = None
+
+    @property
+    def owner(self) -> str:
+        """Who holds the locks, as the store records it."""
+        return self._owner
+
+    def _acquire(self) -> None:
+        backend, timeout = self._state.backend, self._timeout
+        give_up = time.monotonic() + timeout
+        pause = 0.01
+        while True:
+            got = backend.acquire_locks(self.names, self._owner, self._ttl)
+            if not isinstance(got, LockBusy):
+                self.tokens = dict(zip(self.names, got, strict=True))
+                return
+            left = give_up - time.monotonic()
+            if left <= 0:
+                raise LockTimeout(self.names, timeout, got.name, got.holder)
+            sync_sleep(min(left, got.retry_after, self._state._rand.uniform(0, pause)))
+            pause = min(pause * 2, 1.0)
+
+    def _renew(self) -> None:
+        missing = self._state.backend.extend_locks(self.names, self._owner, self._ttl)
+        if missing:
+            raise LockLost(tuple(missing), "a renewal found them taken or expired")
+
+    def check(self) -> None:
+        """Raise :class:`~agentlease.errors.LockLost` if a renewal found a lock gone: stop
+        writing to what it protected."""
+        if self._ticker is not None and self._ticker.error is not None:
+            raise self._ticker.error
+
+    def __enter__(self) -> LockSet:
+        self._acquire()
+        self._ticker = Ticker(self._renew, self._ttl / 3)
+        self._scope_token = _guards.hold_locks(self.names)
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        _guards.drop_locks(self._scope_token)
+        ticker, self._ticker = self._ticker, None
+        assert ticker is not None
+        ticker.stop()
+        missing = self._state.backend.release_locks(self.names, self._owner)
+        if exc is not None:
+            return  # the body's own error says more than a lost lock would
+        if ticker.error is not None:
+            raise ticker.error
+        if missing:
+            raise LockLost(tuple(missing), "they ran out before release (renewals failed?)")
+
+
+class SharedState:
+    """Guarded shared state on one store: records, counters and locks.
+
+    Args:
+        backend: the store (see :func:`agentlease.connect`).
+        max_value_bytes: the largest encoded field value.
+    """
+
+    def __init__(self, backend: Backend, *, max_value_bytes: int = DEFAULT_MAX_BYTES) -> None:
+        self.backend = backend
+        self._limit = check.integer(max_value_bytes, "max_value_bytes", low=16, high=2**29)
+        self._rand = random.Random()
+
+    @classmethod
+    def connect(cls, url: str, *, max_value_bytes: int = DEFAULT_MAX_BYTES) -> SharedState:
+        """Shared state on the store at ``url``."""
+        return cls(connect(url), max_value_bytes=max_value_bytes)
+
+    def close(self) -> None:
+        """Release the store's connections."""
+        self.backend.close()
+
+    def __enter__(self) -> SharedState:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- versioned records ----------------------------------------------------------------------
+
+    def _fields(self, key: str, value: object) -> dict[str, bytes]:
+        if not isinstance(value, dict):
+            raise InvalidInput(
+                f"record {key!r} must be a JSON object (a dict of fields), not"
+                f" {type(value).__name__}"
+            )
+        return {
+            _guards.field_name(name): encode(
+                v, what=f"field {name!r} of {key!r}", limit=self._limit
+            )
+            for name, v in value.items()
+        }
+
+    def _write(
+        self,
+        key: str,
+        fields: dict[str, bytes],
+        *,
+        replace: bool,
+        expected_version: int | None,
+        machine: StateMachine | None,
+        fence: int | None,
+    ) -> RecordWrite:
+        guard_field: str | None = None
+        allowed: tuple[bytes | None, ...] = ()
+        if machine is not None:
+            if machine.field in fields:
+                guard_field = machine.field
+                allowed = machine.sources(_guards.decoded(fields[machine.field]))
+            elif replace:
+                raise InvalidInput(
+                    f"record {key!r}: a whole-record write under a state machine must set"
+                    f" {machine.field!r}"
+                )
+        if expected_version is not None:
+            check.integer(expected_version, "expected_version", low=0, high=2**62)
+        if fence is not None:
+            check.integer(fence, "fence", low=0, high=2**62)
+        return RecordWrite(fields, replace, expected_version, guard_field, allowed, fence)
+
+    def get(self, key: str) -> Versioned:
+        """A record's value and version (``Versioned({}, 0)`` if it does not exist)."""
+        return _versioned(self.backend.get_record(_guards.record_key(key)))
+
+    def compare_and_set(
+        self,
+        key: str,
+        expected_version: int,
+        value: dict[str, JSON],
+        *,
+        machine: StateMachine | None = None,
+        fence: int | None = None,
+    ) -> int:
+        """Replace the whole record if it is still at ``expected_version`` (0: create it), in
+        one atomic step; returns the new version.
+
+        Raises:
+            ConflictError: the version moved; carries the current value and version.
+            TransitionRefused: ``machine`` forbids the move of its state field.
+            FencedOff: ``fence`` is older than one the record has seen.
+        """
+        key = _guards.record_key(key)
+        write = self._write(
+            key,
+            self._fields(key, value),
+            replace=True,
+            expected_version=expected_version,
+            machine=machine,
+            fence=fence,
+        )
+        return (self.backend.write_record(key, write)).version
+
+    def set_field(
+        self,
+        key: str,
+        field: str,
+        value: JSON,
+        *,
+        expected_version: int | None = None,
+        machine: StateMachine | None = None,
+        fence: int | None = None,
+    ) -> int:
+        """Set one field, leaving the others as they are (creating the record if needed), in
+        one atomic step; returns the new version. Raises as :meth:`compare_and_set`."""
+        key = _guards.record_key(key)
+        write = self._write(
+            key,
+            self._fields(key, {field: value}),
+            replace=False,
+            expected_version=expected_version,
+            machine=machine,
+            fence=fence,
+        )
+        return (self.backend.write_record(key, write)).version
+
+    def update(
+        self,
+        key: str,
+        mutate: Callable[[dict[str, JSON]], dict[str, JSON]],
+        *,
+        attempts: int = 10,
+        machine: StateMachine | None = None,
+        fence: int | None = None,
+    ) -> Versioned:
+        """Read, apply ``mutate`` (a pure function of the value), and compare-and-set; on a
+        conflict, re-read and re-apply, with full-jitter backoff, at most ``attempts`` times.
+
+        Returns the value written and its version.
+
+        Raises:
+            ConflictError: contention outlasted ``attempts`` (the last conflict).
+            TransitionRefused, FencedOff: as :meth:`compare_and_set` (never retried).
+        """
+        check.integer(attempts, "attempts", low=1, high=1000)
+        last: ConflictError | None = None
+        for attempt in range(attempts):
+            current = self.get(key)
+            value = mutate(dict(current.value))
+            try:
+                version = self.compare_and_set(
+                    key, current.version, value, machine=machine, fence=fence
+                )
+            except ConflictError as exc:
+                last = exc
+                sync_sleep(self._rand.uniform(0, min(1.0, 0.005 * 2**attempt)))
+                continue
+            return Versioned(value, version)
+        assert last is not None
+        raise last
+
+    def delete(self, key: str, expected_version: int, *, fence: int | None = None) -> int:
+        """Empty a record at ``expected_version``; its version keeps rising (so a stale
+        compare-and-set can never succeed on a re-created record). Returns the new version."""
+        key = _guards.record_key(key)
+        write = self._write(
+            key, {}, replace=True, expected_version=expected_version, machine=None, fence=fence
+        )
+        return (self.backend.write_record(key, write)).version
+
+    # -- bounded counters -----------------------------------------------------------------------
+
+    def counter(self, name: str) -> int:
+        """A counter's value (0 if never used)."""
+        return self.backend.get_counter(_guards.record_key(name))
+
+    def reserve(self, name: str, n: int = 1, *, limit: int) -> int:
+        """Take ``n`` units of a capacity that may not pass ``limit``; returns the new count.
+
+        Raises:
+            LimitReached: fewer than ``n`` units are left; nothing was taken.
+        """
+        n = check.integer(n, "n", low=1, high=2**62)
+        return self.backend.add_counter(_guards.record_key(name), n, None, limit)
+
+    def release(self, name: str, n: int = 1) -> int:
+        """Give back ``n`` units taken with :meth:`reserve` (never below 0)."""
+        n = check.integer(n, "n", low=1, high=2**62)
+        return self.backend.add_counter(_guards.record_key(name), -n, 0, None)
+
+    def take(self, name: str, n: int = 1, *, minimum: int) -> int:
+        """Remove ``n`` from a count that must stay at least ``minimum`` ("at least one
+        engineer stays on call"); returns the new count.
+
+        Raises:
+            LimitReached: the count would drop below ``minimum``; nothing changed.
+        """
+        n = check.integer(n, "n", low=1, high=2**62)
+        return self.backend.add_counter(_guards.record_key(name), -n, minimum, None)
+
+    def add(self, name: str, n: int = 1) -> int:
+        """Add ``n`` (may be negative) with no bound; returns the new count."""
+        n = check.integer(n, "n", low=-(2**62), high=2**62)
+        return self.backend.add_counter(_guards.record_key(name), n, None, None)
+
+    # -- lock sets ------------------------------------------------------------------------------
+
+    def locks(self, names: Iterable[str], *, timeout: float, ttl: float = 30.0) -> LockSet:
+        """Acquire every lock of ``names`` or none, sorted canonically whatever order they are
+        given in, waiting at most ``timeout`` seconds; hold them as a context manager::
+
+            with state.locks(["invoice:7", "account:3"], timeout=5) as held:
+                state.set_field("account:3", "balance", 90, fence=held.tokens["account:3"])
+
+        The locks' TTL is renewed every third of ``ttl`` while held; a failed renewal is raised
+        by :meth:`LockSet.check` and on exit. A holder that dies loses them ``ttl`` after
+        its last renewal.
+
+        Raises:
+            LockTimeout: (on entering) not acquired within ``timeout``; none is held.
+        """
+        wanted = tuple(sorted({_guards.lock_name(n) for n in names}))
+        if not wanted:
+            raise InvalidInput("a lock set needs at least one lock name")
+        timeout = check.duration(timeout, "timeout")
+        return LockSet(self, wanted, timeout, check.duration(ttl, "ttl"))
+
+    def lock_holders(self, names: Iterable[str]) -> dict[str, str | None]:
+        """Each lock's current holder (``None`` if free)."""
+        wanted = [_guards.lock_name(n) for n in names]
+        holders = self.backend.lock_holders(wanted)
+        return {n: None if h is None else h[0] for n, h in zip(wanted, holders, strict=True)}
+
+    def release_locks(self, names: Iterable[str], owner: str) -> None:
+        """Release locks held by ``owner`` (a lock set releases its own on exit).
+
+        Raises:
+            NotLockOwner: a lock is not held by ``owner``; it was left as it was.
+        """
+        wanted = sorted({_guards.lock_name(n) for n in names})
+        missing = self.backend.release_locks(wanted, owner)
+        if missing:
+            holders = self.backend.lock_holders(missing[:1])
+            raise NotLockOwner(missing[0], None if holders[0] is None else holders[0][0])
+
+    def sweep_locks(self, limit: int = 1000) -> int:
+        """Free locks whose TTL has passed; how many."""
+        return self.backend.sweep_locks(limit)

@@ -1,0 +1,152 @@
+"""The memory backend's shared-state guards: versioned records, bounded counters, lock sets.
+
+Every method is called with the backend's lock held and the store's ``now``, so each one is one
+atomic step. Expired locks are found through a heap by expiry (lazy deletion), so sweeping never
+looks at live locks.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import orjson
+
+from agentlease._records import LockBusy, RecordWrite, StateRecord
+from agentlease.errors import ConflictError, FencedOff, LimitReached, TransitionRefused
+
+__all__ = ["StateTables", "check_write"]
+
+
+def _decoded(data: bytes | None) -> object:
+    return None if data is None else orjson.loads(data)
+
+
+def check_write(key: str, current: StateRecord | None, write: RecordWrite) -> None:
+    """Raise the refusal a guarded write meets against the stored record, if any.
+
+    Shared by the backends that decide in Python within their atomic step (memory, SQLite).
+    """
+    version = 0 if current is None else current.version
+    fence = 0 if current is None else current.fence
+    fields = {} if current is None else current.fields
+    if write.fence is not None and write.fence < fence:
+        raise FencedOff(key, write.fence, fence)
+    if write.expected_version is not None and write.expected_version != version:
+        value = None if current is None else current.value
+        raise ConflictError(key, write.expected_version, version, value)
+    if write.guard_field is not None:
+        now_state = fields.get(write.guard_field)
+        if now_state not in write.allowed_from:
+            raise TransitionRefused(
+                key,
+                write.guard_field,
+                _decoded(now_state),
+                _decoded(write.fields.get(write.guard_field)),
+            )
+
+
+def applied(key: str, current: StateRecord | None, write: RecordWrite, now: float) -> StateRecord:
+    """The record after a write that passed :func:`check_write`."""
+    fields = {} if current is None or write.replace else dict(current.fields)
+    fields.update(write.fields)
+    fence = max(0 if current is None else current.fence, write.fence or 0)
+    version = (0 if current is None else current.version) + 1
+    return StateRecord(key, version, fields, fence, now)
+
+
+@dataclass(slots=True)
+class _Lock:
+    owner: str | None = None
+    expires_at: float = 0.0
+    fence: int = 0
+
+
+@dataclass(slots=True)
+class StateTables:
+    """Records, counters and locks held in memory."""
+
+    records: dict[str, StateRecord] = field(default_factory=dict)
+    counters: dict[str, int] = field(default_factory=dict)
+    locks: dict[str, _Lock] = field(default_factory=dict)
+    expiries: list[tuple[float, str]] = field(default_factory=list)
+
+    def write_record(self, key: str, write: RecordWrite, now: float) -> StateRecord:
+        current = self.records.get(key)
+        check_write(key, current, write)
+        record = applied(key, current, write, now)
+        self.records[key] = record
+        return record
+
+    def add_counter(self, name: str, delta: int, low: int | None, high: int | None) -> int:
+        value = self.counters.get(name, 0)
+        new = value + delta
+        if (low is not None and new < low) or (high is not None and new > high):
+            raise LimitReached(name, value, delta, low, high)
+        self.counters[name] = new
+        return new
+
+    def _held_by(self, name: str, now: float) -> _Lock | None:
+        lock = self.locks.get(name)
+        if lock is None or lock.owner is None or lock.expires_at <= now:
+            return None
+        return lock
+
+    def acquire(
+        self, names: Sequence[str], owner: str, ttl: float, now: float
+    ) -> list[int] | LockBusy:
+        for name in names:
+            lock = self._held_by(name, now)
+            if lock is not None and lock.owner != owner:
+                assert lock.owner is not None
+                return LockBusy(name, lock.owner, lock.expires_at - now)
+        tokens = []
+        for name in names:
+            lock = self.locks.setdefault(name, _Lock())
+            lock.owner = owner
+            lock.expires_at = now + ttl
+            lock.fence += 1
+            heapq.heappush(self.expiries, (lock.expires_at, name))
+            tokens.append(lock.fence)
+        return tokens
+
+    def extend(self, names: Sequence[str], owner: str, ttl: float, now: float) -> list[str]:
+        missing = []
+        for name in names:
+            lock = self._held_by(name, now)
+            if lock is None or lock.owner != owner:
+                missing.append(name)
+                continue
+            lock.expires_at = now + ttl
+            heapq.heappush(self.expiries, (lock.expires_at, name))
+        return missing
+
+    def release(self, names: Sequence[str], owner: str, now: float) -> list[str]:
+        missing = []
+        for name in names:
+            lock = self._held_by(name, now)
+            if lock is None or lock.owner != owner:
+                missing.append(name)
+                continue
+            lock.owner = None
+        return missing
+
+    def holders(self, names: Sequence[str], now: float) -> list[tuple[str, float] | None]:
+        out: list[tuple[str, float] | None] = []
+        for name in names:
+            lock = self._held_by(name, now)
+            out.append(
+                None if lock is None or lock.owner is None else (lock.owner, lock.expires_at)
+            )
+        return out
+
+    def sweep(self, limit: int, now: float) -> int:
+        swept = 0
+        while self.expiries and self.expiries[0][0] <= now and swept < limit:
+            expires_at, name = heapq.heappop(self.expiries)
+            lock = self.locks.get(name)
+            if lock is not None and lock.owner is not None and lock.expires_at == expires_at:
+                lock.owner = None
+                swept += 1
+        return swept

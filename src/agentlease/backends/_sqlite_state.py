@@ -1,0 +1,141 @@
+"""The SQLite backend's shared-state guards: versioned records, bounded counters, lock sets.
+
+Tables (schema version 3, ``sql/sqlite.sql``): ``agentlease_records`` (version, fence,
+updated_at per key) with ``agentlease_record_fields`` (one JSON value per field),
+``agentlease_counters``, and ``agentlease_locks`` (owner, expiry, fence; rows are never deleted,
+so a lock's fence only rises) with a partial index on ``expires_at`` for the sweep.
+
+Atomicity: ``write_record``, ``add_counter`` and ``acquire_locks`` are one ``BEGIN IMMEDIATE``
+transaction each, which holds the write lock from the read that decides to the write, so they
+decide in Python between the two (``write_record`` with the memory backend's
+:func:`~agentlease.backends._memory_state.check_write`). ``extend_locks``, ``release_locks``
+and ``sweep_locks`` are one statement each; the reads are one statement each (one snapshot).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from agentlease._records import LockBusy, RecordWrite, StateRecord
+from agentlease.backends._memory_state import applied, check_write
+from agentlease.backends._sqlfile import queries
+from agentlease.errors import LimitReached
+
+__all__ = ["SQLiteState"]
+
+Q = queries("agentlease.backends.sql", "sqlite.sql")
+
+
+def _record(key: str, rows: list[Any]) -> StateRecord | None:
+    """A record from the rows of ``record_get``; ``None`` if it was never written."""
+    if not rows:
+        return None
+    version, fence, updated_at = rows[0][:3]
+    fields = {field: bytes(value) for *_, field, value in rows if field is not None}
+    return StateRecord(key, version, fields, fence, updated_at)
+
+
+def _names(names: Sequence[str]) -> bytes:
+    return orjson.dumps(list(names))
+
+
+def _missing(names: Sequence[str], rows: list[Any]) -> list[str]:
+    """The names of the set that the statement did not touch (it returned the others)."""
+    touched = {name for (name,) in rows}
+    return [name for name in names if name not in touched]
+
+
+class SQLiteState:
+    """The ``*_record``, ``*_counter`` and ``*_locks`` primitives of the SQLite backend (a base
+    of the backend class)."""
+
+    if TYPE_CHECKING:
+
+        def _step(self, *, write: bool) -> AbstractContextManager[sqlite3.Connection]: ...
+
+    # -- versioned records ----------------------------------------------------------------------
+
+    def get_record(self, key: str) -> StateRecord | None:
+        with self._step(write=False) as db:
+            rows = db.execute(Q["record_get"], {"key": key}).fetchall()
+        return _record(key, rows)
+
+    def write_record(self, key: str, write: RecordWrite) -> StateRecord:
+        with self._step(write=True) as db:  # the write lock is held from the read to the write
+            now = time.time()
+            current = _record(key, db.execute(Q["record_get"], {"key": key}).fetchall())
+            check_write(key, current, write)  # a refusal rolls back, and nothing was written
+            record = applied(key, current, write, now)
+            params = {"key": key, "version": record.version, "fence": record.fence, "now": now}
+            db.execute(Q["record_put"], params)
+            if write.replace and current is not None:
+                db.execute(Q["record_drop_fields"], {"key": key, "fields": _names([*write.fields])})
+            db.executemany(
+                Q["record_set_field"],
+                [{"key": key, "field": f, "value": v} for f, v in write.fields.items()],
+            )
+        return record
+
+    # -- bounded counters -----------------------------------------------------------------------
+
+    def add_counter(self, name: str, delta: int, low: int | None, high: int | None) -> int:
+        with self._step(write=True) as db:  # the write lock is held from the read to the write
+            row = db.execute(Q["counter_get"], {"name": name}).fetchone()
+            value: int = 0 if row is None else row[0]
+            new = value + delta
+            if (low is not None and new < low) or (high is not None and new > high):
+                raise LimitReached(name, value, delta, low, high)
+            db.execute(Q["counter_set"], {"name": name, "value": new})
+        return new
+
+    def get_counter(self, name: str) -> int:
+        with self._step(write=False) as db:
+            row = db.execute(Q["counter_get"], {"name": name}).fetchone()
+        return 0 if row is None else int(row[0])
+
+    # -- lock sets ------------------------------------------------------------------------------
+
+    def acquire_locks(self, names: Sequence[str], owner: str, ttl: float) -> list[int] | LockBusy:
+        if not names:
+            return []
+        params: dict[str, Any] = {"names": _names(names), "owner": owner}
+        with self._step(write=True) as db:  # all or nothing: decide and take under one lock
+            now = time.time()
+            params.update(now=now, expires_at=now + ttl)
+            busy = db.execute(Q["locks_busy"], params).fetchall()
+            if busy:
+                order = {name: i for i, name in enumerate(names)}
+                name, holder, expires_at = min(busy, key=lambda row: order[row[0]])
+                return LockBusy(name, holder, expires_at - now)
+            fences = dict(db.execute(Q["locks_take"], params).fetchall())
+        return [int(fences[name]) for name in names]
+
+    def extend_locks(self, names: Sequence[str], owner: str, ttl: float) -> list[str]:
+        with self._step(write=False) as db:  # one statement
+            now = time.time()
+            params = {"names": _names(names), "owner": owner, "now": now, "expires_at": now + ttl}
+            rows = db.execute(Q["locks_extend"], params).fetchall()  # all: it must finish
+        return _missing(names, rows)
+
+    def release_locks(self, names: Sequence[str], owner: str) -> list[str]:
+        with self._step(write=False) as db:  # one statement
+            params = {"names": _names(names), "owner": owner, "now": time.time()}
+            rows = db.execute(Q["locks_release"], params).fetchall()  # all: it must finish
+        return _missing(names, rows)
+
+    def lock_holders(self, names: Sequence[str]) -> list[tuple[str, float] | None]:
+        with self._step(write=False) as db:
+            params = {"names": _names(names), "now": time.time()}
+            rows = db.execute(Q["locks_holders"], params).fetchall()
+        held = {name: (owner, expires_at) for name, owner, expires_at in rows}
+        return [held.get(name) for name in names]
+
+    def sweep_locks(self, limit: int) -> int:
+        with self._step(write=False) as db:  # one statement
+            return db.execute(Q["locks_sweep"], {"now": time.time(), "limit": limit}).rowcount

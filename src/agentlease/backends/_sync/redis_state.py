@@ -1,0 +1,161 @@
+# Generated from agentlease/backends/_async/redis_state.py by scripts/unasync.py. DO NOT EDIT.
+# Edit the asyncio source and run: python scripts/unasync.py
+"""The Redis backend's shared-state guards: versioned records, bounded counters, lock sets.
+
+Written once for asyncio; ``backends/_sync/redis_state.py`` is generated from it.
+
+A record is the hash ``<prefix>:rec:{<key>}`` and a counter the string ``<prefix>:ctr:{<name>}``:
+each is its own hash tag, so they spread over a Redis Cluster and each script touches one key.
+Every lock key shares the hash tag ``{<prefix>:locks}``, so a lock set of any names is one script
+on one shard: on a cluster, all the locks of a store live on one shard. The layout is drawn in
+:mod:`agentlease.backends.lua`. Times come from ``redis.call('TIME')`` inside the scripts.
+
+Sending a call again after a lost reply (see ``redis_link.py``): reads, lock extensions and
+sweeps repeat harmlessly; a resent acquisition finds the locks held by the same owner and takes
+them again, with new (still rising) tokens; a release carries a request nonce that each lock it
+freed keeps, so a resent one is answered as the first was. A record write and a counter addition
+are never resent once they may have run: a broken connection mid-call raises BackendUnavailable
+(the write may or may not have been applied). A version check would refuse a resent
+compare-and-set, but a blind write or an addition would be applied twice, and a nonce kept in the
+record or counter would recognise a resend only if no other writer came in between.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+
+from agentlease._records import LockBusy, RecordWrite, StateRecord
+from agentlease.backends._sync.redis_link import RedisLink
+from agentlease.backends.lua import counter_key, lock_keys, record_hash, state_record_from
+from agentlease.errors import ConflictError, FencedOff, GuardError, LimitReached, TransitionRefused
+
+__all__ = ["RedisState"]
+
+
+def _nonce() -> str:
+    """A request nonce: lets a script recognise a retry of a write it already applied."""
+    return os.urandom(8).hex()
+
+
+def _opt(value: int | None) -> int | str:
+    return "" if value is None else value
+
+
+def _decoded(data: bytes | None) -> object:
+    return None if data is None else orjson.loads(data)
+
+
+class RedisState:
+    """The ``*_record``, ``*_counter`` and ``*_locks`` primitives of the Redis backend (a base
+    of the backend class)."""
+
+    _link: RedisLink
+    _prefix: str
+
+    # -- versioned records -----------------------------------------------------------------------
+
+    def get_record(self, key: str) -> StateRecord | None:
+        stored = self._link.command("HGETALL", record_hash(self._prefix, key))
+        return state_record_from(key, stored)
+
+    def write_record(self, key: str, write: RecordWrite) -> StateRecord:
+        guard = "" if write.guard_field is None else f"f:{write.guard_field}"
+        allowed = [v for v in write.allowed_from if v is not None]
+        args: list[Any] = [
+            "1" if write.replace else "0",
+            _opt(write.expected_version),
+            _opt(write.fence),
+            guard,
+            "1" if None in write.allowed_from else "0",
+            len(allowed),
+            *allowed,
+        ]
+        for name, value in write.fields.items():
+            args += (f"f:{name}", value)
+        keys = (record_hash(self._prefix, key),)
+        reply = self._link.script("record_write", keys, args, retry=False)
+        if reply[0] == b"ok":
+            record = state_record_from(key, reply[1])
+            assert record is not None
+            return record
+        raise _refusal(key, write, reply)
+
+    # -- bounded counters ------------------------------------------------------------------------
+
+    def add_counter(self, name: str, delta: int, low: int | None, high: int | None) -> int:
+        keys = (counter_key(self._prefix, name),)
+        args = (delta, _opt(low), _opt(high))
+        reply = self._link.script("counter_add", keys, args, retry=False)
+        if reply[0] == b"limit":
+            raise LimitReached(name, int(reply[1]), delta, low, high)
+        return int(reply[1])
+
+    def get_counter(self, name: str) -> int:
+        value = self._link.command("GET", counter_key(self._prefix, name))
+        return 0 if value is None else int(value)
+
+    # -- lock sets -------------------------------------------------------------------------------
+
+    def acquire_locks(
+        self,
+        names: Sequence[str],
+        owner: str,
+        ttl: float,
+    ) -> list[int] | LockBusy:
+        if not names:
+            return []
+        keys = lock_keys(self._prefix).acquire
+        reply = self._link.script("locks_acquire", keys, (owner, ttl, *names), retry=True)
+        if reply[0] == b"busy":
+            return LockBusy(reply[1].decode(), reply[2].decode(), float(reply[3]))
+        return [int(token) for token in reply[1]]
+
+    def extend_locks(self, names: Sequence[str], owner: str, ttl: float) -> list[str]:
+        if not names:
+            return []
+        keys = lock_keys(self._prefix).extend
+        reply = self._link.script("locks_extend", keys, (owner, ttl, *names), retry=True)
+        return [name.decode() for name in reply]
+
+    def release_locks(self, names: Sequence[str], owner: str) -> list[str]:
+        if not names:
+            return []
+        keys = lock_keys(self._prefix).release
+        args = (owner, _nonce(), *names)
+        reply = self._link.script("locks_release", keys, args, retry=True)
+        return [name.decode() for name in reply]
+
+    def lock_holders(self, names: Sequence[str]) -> list[tuple[str, float] | None]:
+        if not names:
+            return []
+        keys = lock_keys(self._prefix).holders
+        reply = self._link.script("locks_holders", keys, names, retry=True)
+        return [
+            None if reply[i] is None else (reply[i].decode(), float(reply[i + 1]))
+            for i in range(0, len(reply), 2)
+        ]
+
+    def sweep_locks(self, limit: int) -> int:
+        if limit <= 0:
+            return 0
+        keys = lock_keys(self._prefix).sweep
+        count: int = self._link.script("locks_sweep", keys, (limit,), retry=True)
+        return count
+
+
+def _refusal(key: str, write: RecordWrite, reply: list[Any]) -> GuardError:
+    """The error a refused ``record_write.lua`` reply stands for."""
+    if reply[0] == b"fenced":
+        return FencedOff(key, write.fence or 0, int(reply[1]))
+    if reply[0] == b"conflict":
+        current = state_record_from(key, reply[1])
+        expected = write.expected_version or 0
+        if current is None:
+            return ConflictError(key, expected, 0, None)
+        return ConflictError(key, expected, current.version, current.value)
+    field = write.guard_field or ""
+    return TransitionRefused(key, field, _decoded(reply[1]), _decoded(write.fields.get(field)))

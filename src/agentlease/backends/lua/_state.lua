@@ -1,0 +1,60 @@
+-- Helpers shared by the shared-state scripts (record_write.lua, counter_add.lua, locks_*.lua),
+-- prepended like those of _lib.lua.
+--
+-- A versioned record is one hash, <prefix>:rec:{<key>} (the key is its own hash tag, so records
+-- spread over a cluster and a script touches that one hash), with the fields:
+--   f:<name>  the JSON of the record's field <name>
+--   _v        the version (absent record: 0), +1 at every write
+--   _f        the highest fencing token a write has shown (absent or never fenced: 0)
+--   _u        the time of the last write (a fmt() string)
+--
+-- Every lock shares the hash tag {<prefix>:locks}, so that a set of any names is one script on
+-- one shard (all the locks of a store live on one shard of a cluster):
+--   :owner    hash: name -> owner, from acquisition until release or sweep (an expired lock
+--             keeps its owner until then; it counts as free)
+--   :expiry   zset: name -> expires_at, exactly the names of :owner (the sweep reads only the
+--             expired)
+--   :fence    hash: name -> the last fencing token drawn (never deleted: tokens only rise)
+--   :freed    hash: name -> the request nonce of the release that freed it last (a resent
+--             release recognises its own work)
+-- A lock is held when it has an owner and now < expires_at.
+
+-- @helper batched:
+-- redis.call(cmd, key, args...) over args in chunks of 1000 (unpack() is bounded by Lua's stack;
+-- an even chunk keeps name/value pairs together), the array replies joined in order.
+local function batched(cmd, key, args)
+  local out = {}
+  for i = 1, #args, 1000 do
+    local reply = redis.call(cmd, key, unpack(args, i, math.min(i + 999, #args)))
+    if type(reply) == 'table' then
+      for _, v in ipairs(reply) do out[#out + 1] = v end
+    end
+  end
+  return out
+end
+
+-- @helper lock_names:
+-- ARGV from position first on: the lock names.
+local function lock_names(first)
+  local names = {}
+  for i = first, #ARGV do names[#names + 1] = ARGV[i] end
+  return names
+end
+
+-- @helper lock_read: batched
+-- Who holds each of names at now: per name, its owner (false if free: no owner, or its lease ran
+-- out) and, when held, its expires_at.
+local function lock_read(owners, expiry, names, now)
+  local who = batched('HMGET', owners, names)
+  local when = batched('ZMSCORE', expiry, names)
+  local held, expires = {}, {}
+  for i = 1, #names do
+    local e = tonumber(when[i])
+    if who[i] and e and now < e then
+      held[i], expires[i] = who[i], e
+    else
+      held[i] = false
+    end
+  end
+  return held, expires
+end

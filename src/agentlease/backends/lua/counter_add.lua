@@ -1,0 +1,14 @@
+#!lua
+-- counter_add: add delta to a bounded counter (absent: 0), in one atomic step, unless the new
+-- value would be below low or above high.
+--
+-- helpers:
+-- KEYS: 1 the counter
+-- ARGV: 1 delta, 2 low ('' for none), 3 high ('' for none)
+-- Returns: {'ok', the new value}; {'limit', the current value} (nothing changed).
+local counter = KEYS[1]
+local value = tonumber(redis.call('GET', counter)) or 0
+local new = value + tonumber(ARGV[1])
+local low, high = tonumber(ARGV[2]), tonumber(ARGV[3])
+if (low and new < low) or (high and new > high) then return {'limit', value} end
+return {'ok', redis.call('INCRBY', counter, ARGV[1])}
