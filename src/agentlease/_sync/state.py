@@ -348,7 +348,8 @@ class SharedState:
                 state.set_field("account:3", "balance", 90, fence=held.tokens["account:3"])
 
         The locks' TTL is renewed every third of ``ttl`` while held; a failed renewal is raised
-        by :meth:`LockSet.check` and on exit. A holder that dies loses them ``ttl`` after
+        by :meth:`LockSet.check` and on exit. Fencing tokens count per lock, and a record
+        keeps the highest token it has seen: fence each record with the token of one lock. A holder that dies loses them ``ttl`` after
         its last renewal.
 
         Raises:
