@@ -49,7 +49,6 @@ RENAMES = {
     # Shared-state guards.
     "AsyncSharedState": "SharedState",
     "AsyncLockSet": "LockSet",
-    "AsyncTicker": "Ticker",
 }
 SUBS: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"\basync def\b"), "def"),

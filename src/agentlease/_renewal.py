@@ -1,12 +1,13 @@
-"""Keeping in-flight reservations alive while their actions run, on both faces.
+"""Keeping leases alive while their holders work: in-flight reservations and lock sets.
 
-One renewer per client renews every open reservation of that client whose last renewal is a third
-of ``hold_for`` old, so an action that finishes sooner (most of them) costs no renewal and no
-thread start. A renewal refused with :class:`~agentlease.errors.ReservationLost` stops that
-reservation's renewals and is kept, so the action's outcome write (which would be refused too)
-reports it; a store outage is retried at the next tick, since the lease outlives two missed
-renewals. The async face renews from one task on the event loop, the sync face from one daemon
-thread (the actions' own code may block either); each stops when nothing is left to renew.
+One renewer per client renews every open lease of that client whose last renewal is a third of
+its length old, so a holder that finishes sooner (most of them) costs no renewal and no thread
+start. A renewal that finds the lease gone (:class:`~agentlease.errors.ReservationLost`,
+:class:`~agentlease.errors.LockLost`) stops that lease's renewals and is kept, so the holder's
+next write (or the end of its block) reports it; a store outage is retried at the next tick, since
+a lease outlives two missed renewals. The async face renews from one task on the event loop, the
+sync face from one daemon thread (the holders' own code may block either); each stops when
+nothing is left to renew.
 """
 
 from __future__ import annotations
@@ -17,97 +18,118 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
-from agentlease._records import KeyHold
-from agentlease.errors import BackendError, ReservationLost
+from agentlease.errors import BackendError, GuardError, IdempotencyError
 
-__all__ = [
-    "AsyncRenewals",
-    "AsyncTicker",
-    "Renewals",
-    "Renewing",
-    "Ticker",
-    "async_sleep",
-    "sync_sleep",
-]
+__all__ = ["AsyncRenewals", "Renewals", "Renewing", "async_sleep", "sync_sleep"]
 
 async_sleep = asyncio.sleep
 sync_sleep = time.sleep
+_LOST = (IdempotencyError, GuardError)  # the lease is gone: renewing again cannot help
 
 
 @dataclass(slots=True, eq=False)
 class Renewing:
-    """One reservation being renewed: its latest hold, and the refusal that stopped it."""
+    """One lease being renewed.
 
-    hold: KeyHold
+    Attributes:
+        lease: what is renewed (a reservation's hold, a lock set); a renewal may replace it.
+        every: seconds between renewals (a third of the lease's length).
+        renewed_at: when it was last renewed (``time.monotonic``).
+        lost: the refusal that stopped its renewals, if one did.
+    """
+
+    lease: Any
+    every: float
     renewed_at: float = field(default_factory=time.monotonic)
-    lost: ReservationLost | None = None
+    lost: Exception | None = None
 
 
 class _Base:
-    def __init__(self, hold_for: float) -> None:
-        self._hold_for = hold_for
+    def __init__(self) -> None:
         self._lock = threading.Lock()
         self._open: set[Renewing] = set()
 
-    def _due(self) -> list[Renewing]:
-        cutoff = time.monotonic() - self._hold_for / 3
+    def _add(self, lease: object, every: float) -> Renewing:
+        entry = Renewing(lease, every)
         with self._lock:
-            return [r for r in self._open if r.renewed_at <= cutoff]
+            self._open.add(entry)
+        return entry
 
-    def _closed(self, entry: Renewing) -> KeyHold:
+    def _due(self) -> list[Renewing]:
+        now = time.monotonic()
+        with self._lock:
+            return [r for r in self._open if r.renewed_at + r.every <= now]
+
+    def _tick(self) -> float:
+        """Seconds until the next renewal may be due (half the shortest interval)."""
+        with self._lock:
+            return min((r.every for r in self._open), default=1.0) / 2
+
+    def _closed(self, entry: Renewing) -> Any:
         with self._lock:
             self._open.discard(entry)
         if entry.lost is not None:
             raise entry.lost
-        return entry.hold
+        return entry.lease
 
-    def _lost(self, entry: Renewing, exc: ReservationLost) -> None:
+    def _lost(self, entry: Renewing, exc: Exception) -> None:
         entry.lost = exc
         with self._lock:
             self._open.discard(entry)
 
+    def _idle(self) -> bool:
+        with self._lock:
+            return not self._open
+
 
 class AsyncRenewals(_Base):
-    """Renews a client's open reservations from one asyncio task."""
+    """Renews a client's open leases from one asyncio task.
 
-    def __init__(
-        self, extend: Callable[[KeyHold, float], Awaitable[KeyHold]], hold_for: float
-    ) -> None:
-        super().__init__(hold_for)
-        self._extend = extend
+    Args:
+        renew: renews one lease (it may replace ``entry.lease``); raises ReservationLost or a
+            guard error when the lease is gone.
+    """
+
+    def __init__(self, renew: Callable[[Renewing], Awaitable[None]]) -> None:
+        super().__init__()
+        self._renew = renew
         self._task: asyncio.Task[None] | None = None
+        self._wake: asyncio.Event | None = None
 
-    def open(self, hold: KeyHold) -> Renewing:
-        """Start renewing ``hold`` (call on the event loop)."""
-        entry = Renewing(hold)
-        with self._lock:
-            self._open.add(entry)
+    def open(self, lease: object, every: float) -> Renewing:
+        """Start renewing ``lease`` every ``every`` seconds (call on the event loop)."""
+        entry = self._add(lease, every)
         loop = asyncio.get_running_loop()
         task = self._task
         if task is None or task.done() or task.get_loop() is not loop:
-            self._task = loop.create_task(self._run())
+            self._wake = asyncio.Event()
+            self._task = loop.create_task(self._run(self._wake))
+        elif self._wake is not None:
+            self._wake.set()  # it may be sleeping longer than this lease allows
         return entry
 
-    async def close(self, entry: Renewing) -> KeyHold:
-        """Stop renewing; the latest hold, or raise the refusal that stopped the renewals."""
+    async def close(self, entry: Renewing) -> Any:
+        """Stop renewing; the latest lease, or raise the refusal that stopped the renewals."""
         return self._closed(entry)
 
-    async def _run(self) -> None:
+    async def _run(self, wake: asyncio.Event) -> None:
         while True:
-            await asyncio.sleep(self._hold_for / 6)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wake.wait(), self._tick())
+            wake.clear()
             for entry in self._due():
                 try:
-                    entry.hold = await self._extend(entry.hold, self._hold_for)
+                    await self._renew(entry)
                     entry.renewed_at = time.monotonic()
-                except ReservationLost as exc:
+                except _LOST as exc:
                     self._lost(entry, exc)
                 except BackendError:
                     continue
-            with self._lock:
-                if not self._open:
-                    self._task = None
-                    return
+            if self._idle():
+                self._task = None
+                return
 
     async def stop(self) -> None:
         """Stop the renewing task (the client is closing)."""
@@ -119,37 +141,43 @@ class AsyncRenewals(_Base):
 
 
 class Renewals(_Base):
-    """Renews a client's open reservations from one daemon thread."""
+    """Renews a client's open leases from one daemon thread; see :class:`AsyncRenewals`."""
 
-    def __init__(self, extend: Callable[[KeyHold, float], KeyHold], hold_for: float) -> None:
-        super().__init__(hold_for)
-        self._extend = extend
+    def __init__(self, renew: Callable[[Renewing], None]) -> None:
+        super().__init__()
+        self._renew = renew
         self._thread: threading.Thread | None = None
         self._stopped = threading.Event()
+        self._wake = threading.Event()
 
-    def open(self, hold: KeyHold) -> Renewing:
-        """Start renewing ``hold``."""
-        entry = Renewing(hold)
+    def open(self, lease: object, every: float) -> Renewing:
+        """Start renewing ``lease`` every ``every`` seconds."""
+        entry = self._add(lease, every)
         with self._lock:
-            self._open.add(entry)
             if self._thread is None:
                 self._thread = threading.Thread(
-                    target=self._run, name="agentlease-key-renewals", daemon=True
+                    target=self._run, name="agentlease-renewals", daemon=True
                 )
                 self._thread.start()
+            else:
+                self._wake.set()  # it may be sleeping longer than this lease allows
         return entry
 
-    def close(self, entry: Renewing) -> KeyHold:
-        """Stop renewing; the latest hold, or raise the refusal that stopped the renewals."""
+    def close(self, entry: Renewing) -> Any:
+        """Stop renewing; the latest lease, or raise the refusal that stopped the renewals."""
         return self._closed(entry)
 
     def _run(self) -> None:
-        while not self._stopped.wait(self._hold_for / 6):
+        while True:
+            self._wake.wait(self._tick())
+            self._wake.clear()
+            if self._stopped.is_set():
+                return
             for entry in self._due():
                 try:
-                    entry.hold = self._extend(entry.hold, self._hold_for)
+                    self._renew(entry)
                     entry.renewed_at = time.monotonic()
-                except ReservationLost as exc:
+                except _LOST as exc:
                     self._lost(entry, exc)
                 except BackendError:
                     continue
@@ -161,63 +189,8 @@ class Renewals(_Base):
     def stop(self) -> None:
         """Stop the renewing thread (the client is closing)."""
         self._stopped.set()
+        self._wake.set()
         with self._lock:
             thread, self._thread = self._thread, None
         if thread is not None and thread is not threading.current_thread():
             thread.join()
-
-
-class AsyncTicker:
-    """Calls ``tick`` every ``every`` seconds from an asyncio task until stopped; keeps the
-    first error it raised (and stops ticking then)."""
-
-    def __init__(self, tick: Callable[[], Awaitable[None]], every: float) -> None:
-        self.error: BaseException | None = None
-        self._tick = tick
-        self._every = every
-        self._task = asyncio.get_running_loop().create_task(self._run())
-
-    async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(self._every)
-            try:
-                await self._tick()
-            except BackendError:
-                continue  # a store outage: the next tick tries again
-            except Exception as exc:
-                self.error = exc
-                return
-
-    async def stop(self) -> None:
-        """Stop ticking (waits for a tick in progress)."""
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
-
-
-class Ticker:
-    """Calls ``tick`` every ``every`` seconds from a daemon thread until stopped; keeps the
-    first error it raised (and stops ticking then)."""
-
-    def __init__(self, tick: Callable[[], None], every: float) -> None:
-        self.error: BaseException | None = None
-        self._tick = tick
-        self._every = every
-        self._stopped = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="agentlease-ticker", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stopped.wait(self._every):
-            try:
-                self._tick()
-            except BackendError:
-                continue
-            except Exception as exc:
-                self.error = exc
-                return
-
-    def stop(self) -> None:
-        """Stop ticking (waits for a tick in progress)."""
-        self._stopped.set()
-        self._thread.join()

@@ -28,6 +28,10 @@ KEY_ROW_KEYS = {
     "baseline_ops_per_s",
     "ratio",
 }
+GUARD_ROW_KEYS = (KEY_ROW_KEYS - {"phase", "baseline_us_per_call"}) | {
+    "guard",
+    "baseline_us_per_op",
+}
 
 
 def bench(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -47,6 +51,7 @@ def bench(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 )
 def test_bench_json_shape(tmp_path: Path, backend: str | None, kind: str) -> None:
     args = ["--json", "--tasks", "200", "--processes", "2", "--batch", "20", "--keys", "0"]
+    args += ["--guards", "0"]
     if backend == "sqlite":
         args += ["--backend", f"sqlite:///{tmp_path / 'bench.db'}"]
     elif backend is not None:
@@ -57,7 +62,8 @@ def test_bench_json_shape(tmp_path: Path, backend: str | None, kind: str) -> Non
     everything = json.loads(done.stdout)  # nothing but the JSON list on stdout
     assert isinstance(everything, list)
     rows = [r for r in everything if r.get("mode") in CLAIM_MODES]
-    assert len(rows) == len([r for r in everything if "mode" in r])  # --keys 0: no key rows
+    # --keys 0 --guards 0: no key rows, no guard rows
+    assert len(rows) == len([r for r in everything if "mode" in r])
     (versus,) = [r for r in everything if "mode" not in r]
     assert versus["name"] == "claim+complete, batch 20 vs raw one at a time"
     assert versus["ratio"] == pytest.approx(
@@ -107,6 +113,7 @@ def check_key_rows(everything: list[dict[str, Any]], kind: str, calls: int) -> N
 )
 def test_bench_idempotency_rows(tmp_path: Path, backend: str | None, kind: str) -> None:
     args = ["--json", "--tasks", "30", "--processes", "1", "--batch", "5", "--keys", "30"]
+    args += ["--guards", "0"]
     if backend == "sqlite":
         args += ["--backend", f"sqlite:///{tmp_path / 'bench.db'}"]
     elif backend is not None:
@@ -120,9 +127,59 @@ def test_bench_idempotency_rows(tmp_path: Path, backend: str | None, kind: str) 
     assert left == ({"bench.db"} if backend == "sqlite" else set())
 
 
+def check_guard_rows(everything: list[dict[str, Any]], kind: str, calls: int) -> None:
+    """The two shared-state guard rows: their fields and arithmetic, never their speed."""
+    rows = [r for r in everything if r.get("mode") == "guard"]
+    assert [r["guard"] for r in rows] == ["compare_and_set", "lock"]
+    assert [r["ideal_round_trips"] for r in rows] == [1.0, 2.0]
+    assert len({r["name"] for r in rows}) == 2
+    for row in rows:
+        assert row.keys() == GUARD_ROW_KEYS
+        assert row["backend"] == kind
+        assert row["calls"] == calls
+        assert row["rounds"] == 3
+        assert row["baseline"]
+        assert row["us_per_call"] > 0
+        assert row["baseline_us_per_op"] > 0
+        assert row["round_trips"] == pytest.approx(
+            row["us_per_call"] / row["baseline_us_per_op"], rel=1e-2
+        )
+        assert row["ratio"] == pytest.approx(row["ops_per_s"] / row["baseline_ops_per_s"], abs=1e-3)
+
+
+@pytest.mark.parametrize(
+    ("backend", "kind"), [(None, "sqlite"), ("sqlite", "sqlite"), ("memory://", "memory")]
+)
+def test_bench_guard_rows(tmp_path: Path, backend: str | None, kind: str) -> None:
+    args = ["--json", "--tasks", "30", "--processes", "1", "--batch", "5", "--keys", "0"]
+    args += ["--guards", "30"]
+    if backend == "sqlite":
+        args += ["--backend", f"sqlite:///{tmp_path / 'bench.db'}"]
+    elif backend is not None:
+        args += ["--backend", backend]
+    done = bench(*args, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    everything = json.loads(done.stdout)
+    check_guard_rows(everything, kind, 30)
+    assert not [r for r in everything if r.get("mode") == "idempotent"]  # --keys 0
+    assert len([r for r in everything if r.get("mode") in CLAIM_MODES]) == 5
+    left = {p.name for p in tmp_path.iterdir()}  # the raw side's scratch files are gone
+    assert left == ({"bench.db"} if backend == "sqlite" else set())
+
+
 def test_bench_table(tmp_path: Path) -> None:
     done = bench(
-        "--tasks", "30", "--processes", "1", "--keys", "9", "--backend", "memory://", cwd=tmp_path
+        "--tasks",
+        "30",
+        "--processes",
+        "1",
+        "--keys",
+        "9",
+        "--guards",
+        "9",
+        "--backend",
+        "memory://",
+        cwd=tmp_path,
     )
     assert done.returncode == 0, done.stderr
     assert "claim+complete, batching off" in done.stdout
@@ -130,6 +187,9 @@ def test_bench_table(tmp_path: Path) -> None:
     assert "@idempotent around a no-op" in done.stdout
     assert "first call" in done.stdout
     assert "replay" in done.stdout
+    assert "shared-state guards on memory://" in done.stdout
+    assert "compare_and_set" in done.stdout
+    assert "lock acquire+release" in done.stdout
 
 
 def test_bench_bad_backend_exits_2(tmp_path: Path) -> None:
@@ -155,6 +215,8 @@ def test_bench_json_on_served_stores(
         "10",
         "--keys",
         "30",
+        "--guards",
+        "30",
         "--backend",
         url,
         cwd=tmp_path,
@@ -162,6 +224,7 @@ def test_bench_json_on_served_stores(
     assert done.returncode == 0, done.stderr
     everything = json.loads(done.stdout)
     check_key_rows(everything, "postgresql" if kind == "postgres" else kind, 30)
+    check_guard_rows(everything, "postgresql" if kind == "postgres" else kind, 30)
     rows = [r for r in everything if r.get("mode") in CLAIM_MODES]
     assert len(rows) == 5
     for row in rows:

@@ -115,7 +115,7 @@ class AsyncAction:
 
     def _start(self) -> None:
         assert self.hold is not None
-        self._renewal = self._store._renewals.open(self.hold)
+        self._renewal = self._store._renewals.open(self.hold, self._store.settings.hold_for / 3)
 
     async def _stop(self) -> KeyHold:
         assert self.hold is not None
@@ -200,12 +200,15 @@ class AsyncIdempotency:
         self.settings = settings or IdempotencySettings()
         self._purged_at = time.monotonic()
         self._rand = random.Random()
-        self._renewals = AsyncRenewals(backend.extend_key, self.settings.hold_for)
+        self._renewals = AsyncRenewals(self._renew)
 
     @classmethod
     def connect(cls, url: str, *, settings: IdempotencySettings | None = None) -> AsyncIdempotency:
         """Idempotent actions on the store at ``url``."""
         return cls(connect_async(url), settings=settings)
+
+    async def _renew(self, entry: Renewing) -> None:
+        entry.lease = await self.backend.extend_key(entry.lease, self.settings.hold_for)
 
     async def close(self) -> None:
         """Stop renewing and release the store's connections."""

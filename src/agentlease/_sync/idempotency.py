@@ -117,7 +117,7 @@ class Action:
 
     def _start(self) -> None:
         assert self.hold is not None
-        self._renewal = self._store._renewals.open(self.hold)
+        self._renewal = self._store._renewals.open(self.hold, self._store.settings.hold_for / 3)
 
     def _stop(self) -> KeyHold:
         assert self.hold is not None
@@ -202,12 +202,15 @@ class Idempotency:
         self.settings = settings or IdempotencySettings()
         self._purged_at = time.monotonic()
         self._rand = random.Random()
-        self._renewals = Renewals(backend.extend_key, self.settings.hold_for)
+        self._renewals = Renewals(self._renew)
 
     @classmethod
     def connect(cls, url: str, *, settings: IdempotencySettings | None = None) -> Idempotency:
         """Idempotent actions on the store at ``url``."""
         return cls(connect(url), settings=settings)
+
+    def _renew(self, entry: Renewing) -> None:
+        entry.lease = self.backend.extend_key(entry.lease, self.settings.hold_for)
 
     def close(self) -> None:
         """Stop renewing and release the store's connections."""

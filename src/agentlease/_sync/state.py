@@ -38,7 +38,7 @@ from agentlease import _validate as check
 from agentlease._codec import DEFAULT_MAX_BYTES, JSON, encode
 from agentlease._policy.transitions import StateMachine
 from agentlease._records import LockBusy, RecordWrite, StateRecord, Versioned
-from agentlease._renewal import Ticker, sync_sleep
+from agentlease._renewal import Renewals, Renewing, sync_sleep
 from agentlease.backends import Backend, connect
 from agentlease.errors import (
     ConflictError,
@@ -75,7 +75,7 @@ class LockSet:
         self._state = state
         self._ttl = ttl
         self._owner = f"{_HOST}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
-        self._ticker: Ticker | None = None
+        self._renewal: Renewing | None = None
         self._scope_token: object = None
 
     @property
@@ -98,20 +98,15 @@ class LockSet:
             sync_sleep(min(left, got.retry_after, self._state._rand.uniform(0, pause)))
             pause = min(pause * 2, 1.0)
 
-    def _renew(self) -> None:
-        missing = self._state.backend.extend_locks(self.names, self._owner, self._ttl)
-        if missing:
-            raise LockLost(tuple(missing), "a renewal found them taken or expired")
-
     def check(self) -> None:
         """Raise :class:`~agentlease.errors.LockLost` if a renewal found a lock gone: stop
         writing to what it protected."""
-        if self._ticker is not None and self._ticker.error is not None:
-            raise self._ticker.error
+        if self._renewal is not None and self._renewal.lost is not None:
+            raise self._renewal.lost
 
     def __enter__(self) -> LockSet:
         self._acquire()
-        self._ticker = Ticker(self._renew, self._ttl / 3)
+        self._renewal = self._state._renewals.open(self, self._ttl / 3)
         self._scope_token = _guards.hold_locks(self.names)
         return self
 
@@ -122,14 +117,18 @@ class LockSet:
         tb: TracebackType | None,
     ) -> None:
         _guards.drop_locks(self._scope_token)
-        ticker, self._ticker = self._ticker, None
-        assert ticker is not None
-        ticker.stop()
+        renewal, self._renewal = self._renewal, None
+        assert renewal is not None
+        lost: Exception | None = None
+        try:
+            self._state._renewals.close(renewal)
+        except LockLost as error:
+            lost = error
         missing = self._state.backend.release_locks(self.names, self._owner)
         if exc is not None:
             return  # the body's own error says more than a lost lock would
-        if ticker.error is not None:
-            raise ticker.error
+        if lost is not None:
+            raise lost
         if missing:
             raise LockLost(tuple(missing), "they ran out before release (renewals failed?)")
 
@@ -146,6 +145,13 @@ class SharedState:
         self.backend = backend
         self._limit = check.integer(max_value_bytes, "max_value_bytes", low=16, high=2**29)
         self._rand = random.Random()
+        self._renewals = Renewals(self._renew)
+
+    def _renew(self, entry: Renewing) -> None:
+        held: LockSet = entry.lease
+        missing = self.backend.extend_locks(held.names, held.owner, held._ttl)
+        if missing:
+            raise LockLost(tuple(missing), "a renewal found them taken or expired")
 
     @classmethod
     def connect(cls, url: str, *, max_value_bytes: int = DEFAULT_MAX_BYTES) -> SharedState:
@@ -153,7 +159,8 @@ class SharedState:
         return cls(connect(url), max_value_bytes=max_value_bytes)
 
     def close(self) -> None:
-        """Release the store's connections."""
+        """Stop renewing and release the store's connections."""
+        self._renewals.stop()
         self.backend.close()
 
     def __enter__(self) -> SharedState:
@@ -348,9 +355,9 @@ class SharedState:
                 state.set_field("account:3", "balance", 90, fence=held.tokens["account:3"])
 
         The locks' TTL is renewed every third of ``ttl`` while held; a failed renewal is raised
-        by :meth:`LockSet.check` and on exit. Fencing tokens count per lock, and a record
-        keeps the highest token it has seen: fence each record with the token of one lock. A holder that dies loses them ``ttl`` after
-        its last renewal.
+        by :meth:`LockSet.check` and on exit. A holder that dies loses them ``ttl`` after
+        its last renewal. Fencing tokens count per lock, and a record keeps the highest token
+        it has seen: fence each record with the token of one lock.
 
         Raises:
             LockTimeout: (on entering) not acquired within ``timeout``; none is held.

@@ -12,7 +12,9 @@ returns what any worker needs (id, token, attempt, payload); the library returns
 (p50, p99) with 1,000 and with 1,000,000 tasks queued, and the time of one ``extend`` call for
 10,000 live leases. :class:`RawPostgresKeys` is the baseline of the idempotency rows (see
 :mod:`agentlease.cli._bench_keys`): one ``INSERT ... ON CONFLICT DO NOTHING`` per key on a pooled
-autocommit connection. Run them all from a shell::
+autocommit connection; :class:`RawPostgresGuards` that of the shared-state guard rows (see
+:mod:`agentlease.cli._bench_guards`): one version-checked ``UPDATE`` per compare-and-set, one
+conditional upsert and one owner-checked ``UPDATE`` per lock cycle. Run them all from a shell::
 
     python -m agentlease.cli._bench_postgres postgresql://user@host/db [--tasks N] [--latency]
 """
@@ -35,6 +37,13 @@ from agentlease._sync.queue import Queue
 from agentlease.backends import connect
 from agentlease.backends._postgres_url import PostgresSettings, parse
 from agentlease.backends._sync.postgres_schema import migrate
+from agentlease.cli._bench_guards import (
+    DEFAULT_GUARDS,
+    LOCK_TTL,
+    GuardRow,
+    LibraryGuards,
+    run_guards,
+)
 from agentlease.cli._bench_keys import DEFAULT_CALLS, KeyRow, LibraryKeys, run_keys
 from agentlease.cli._bench_loops import Driver, Library, Mode, Target
 from agentlease.cli.bench import Row, Stores, cases, run_bench
@@ -44,7 +53,9 @@ __all__ = [
     "PostgresStores",
     "PostgresTarget",
     "RawPostgres",
+    "RawPostgresGuards",
     "RawPostgresKeys",
+    "compare_guards",
     "compare_keys",
     "latency_and_extend",
 ]
@@ -91,6 +102,29 @@ RAW_KEY_INSERT: LiteralString = """
 INSERT INTO agentlease_keys (key, state, fingerprint, fence, holder, created_at, purge_at)
 VALUES (%(key)s, 'done', '', 1, '', clock_timestamp(), clock_timestamp() + interval '1 day')
 ON CONFLICT DO NOTHING
+"""
+
+RAW_RECORDS: LiteralString = """
+CREATE TABLE bench_records (key text PRIMARY KEY, version bigint NOT NULL, value bytea NOT NULL)
+"""
+RAW_CREATE: LiteralString = """
+INSERT INTO bench_records (key, version, value) SELECT k, 1, '{}' FROM unnest(%(keys)s::text[]) k
+"""
+RAW_CAS: LiteralString = """
+UPDATE bench_records SET version = version + 1, value = %(value)s
+WHERE key = %(key)s AND version = %(version)s
+"""
+RAW_ACQUIRE: LiteralString = """
+INSERT INTO agentlease_locks AS l (name, owner, expires_at, fence)
+VALUES (%(name)s, %(owner)s, clock_timestamp() + make_interval(secs => %(ttl)s), 1)
+ON CONFLICT (name) DO UPDATE
+SET owner = excluded.owner, expires_at = excluded.expires_at, fence = l.fence + 1
+WHERE l.owner IS NULL OR l.expires_at <= clock_timestamp()
+RETURNING l.fence
+"""
+RAW_RELEASE: LiteralString = """
+UPDATE agentlease_locks SET owner = NULL, expires_at = NULL
+WHERE name = %(name)s AND owner = %(owner)s AND expires_at > clock_timestamp()
 """
 
 
@@ -206,6 +240,26 @@ def compare(url: str, tasks: int, processes: int = 4, batch: int = 50) -> list[R
         _drop(library)
 
 
+def _raw_pool(url: str) -> tuple[PostgresSettings, ConnectionPool[psycopg.Connection[Any]]]:
+    """A fresh raw schema next to ``url``'s with the library's tables, and an open pool of one
+    autocommit connection to it."""
+    settings = _fresh_schema(parse(url), "agentlease_raw")
+    pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
+        settings.conninfo,
+        kwargs=settings.connect_kwargs(),
+        min_size=1,
+        max_size=1,
+        open=False,
+        name="agentlease-bench-raw",
+    )
+    try:
+        pool.open(wait=True)
+    except BaseException:
+        _drop(settings)
+        raise
+    return settings, pool
+
+
 class RawPostgresKeys:
     """The baseline of the idempotency rows: one ``INSERT ... ON CONFLICT DO NOTHING`` per key
     into ``agentlease_keys`` of a fresh schema (the library's migrations, dropped on close), on
@@ -214,20 +268,7 @@ class RawPostgresKeys:
     operation = "INSERT ... ON CONFLICT DO NOTHING"
 
     def __init__(self, url: str) -> None:
-        self.settings = _fresh_schema(parse(url), "agentlease_raw")
-        self.pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
-            self.settings.conninfo,
-            kwargs=self.settings.connect_kwargs(),
-            min_size=1,
-            max_size=1,
-            open=False,
-            name="agentlease-bench-raw",
-        )
-        try:
-            self.pool.open(wait=True)
-        except BaseException:
-            _drop(self.settings)
-            raise
+        self.settings, self.pool = _raw_pool(url)
 
     def put(self, keys: Sequence[str]) -> int:
         pool = self.pool
@@ -257,6 +298,78 @@ def compare_keys(url: str, calls: int) -> list[KeyRow]:
             raw = RawPostgresKeys(url)
             try:
                 return run_keys("postgresql", library, raw, calls)
+            finally:
+                raw.close()
+        finally:
+            library.close()
+    finally:
+        _drop(library_settings)
+
+
+class RawPostgresGuards:
+    """The raw side of the guard rows, in a fresh schema with the library's tables (dropped on
+    close), each statement on an autocommit connection taken from a psycopg pool, as the
+    library does: ``UPDATE ... WHERE key = $1 AND version = $2`` on a table of (key, version,
+    value); for a lock, a conditional upsert into ``agentlease_locks`` (owner, expiry, fence + 1
+    where the lock is free), then an ``UPDATE`` that frees it where the owner matches."""
+
+    cas_operation = "UPDATE ... WHERE key = $1 AND version = $2"
+    lock_operation = "INSERT ... ON CONFLICT DO UPDATE WHERE free, UPDATE ... WHERE owner = $2"
+
+    def __init__(self, url: str) -> None:
+        self.settings, self.pool = _raw_pool(url)
+        with self.pool.connection() as conn:
+            conn.execute(RAW_RECORDS)
+
+    def create(self, keys: Sequence[str]) -> None:
+        with self.pool.connection() as conn:
+            conn.execute(RAW_CREATE, {"keys": list(keys)})
+
+    def compare_and_set(self, keys: Sequence[str], values: Sequence[bytes]) -> int:
+        pool = self.pool
+        written = 0
+        for key, value in zip(keys, values, strict=True):
+            conn = pool.getconn()
+            try:
+                params = {"key": key, "version": 1, "value": value}
+                written += conn.execute(RAW_CAS, params).rowcount
+            finally:
+                pool.putconn(conn)
+        return written
+
+    def lock_cycles(self, name: str, owner: str, count: int) -> int:
+        pool, params = self.pool, {"name": name, "owner": owner, "ttl": LOCK_TTL}
+        acquired = 0
+        for _ in range(count):
+            conn = pool.getconn()
+            try:
+                acquired += conn.execute(RAW_ACQUIRE, params).rowcount
+            finally:
+                pool.putconn(conn)
+            conn = pool.getconn()
+            try:
+                conn.execute(RAW_RELEASE, params)
+            finally:
+                pool.putconn(conn)
+        return acquired
+
+    def close(self) -> None:
+        try:
+            self.pool.close()
+        finally:
+            _drop(self.settings)
+
+
+def compare_guards(url: str, calls: int) -> list[GuardRow]:
+    """The guard rows: :class:`~agentlease.SharedState` on a fresh library schema next to
+    ``url``'s, beside the raw statements in another fresh schema (both dropped afterwards)."""
+    library_settings = _fresh_schema(parse(url), "agentlease_bench")
+    try:
+        library = LibraryGuards(connect(library_settings.url))
+        try:
+            raw = RawPostgresGuards(url)
+            try:
+                return run_guards("postgresql", library, raw, calls)
             finally:
                 raw.close()
         finally:
@@ -361,6 +474,8 @@ def main(argv: list[str]) -> int:
         print(row.as_json())
     for key_row in compare_keys(url, DEFAULT_CALLS):
         print(key_row.as_json())
+    for guard_row in compare_guards(url, DEFAULT_GUARDS):
+        print(guard_row.as_json())
     if "--latency" in argv:
         print(latency_and_extend(url))
     return 0

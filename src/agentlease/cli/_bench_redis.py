@@ -14,6 +14,9 @@ reaper's cost grows with the expired leases, not with the queue).
 
 :class:`RawRedisKeys` is the baseline of the idempotency rows (see
 :mod:`agentlease.cli._bench_keys`): ``SET key value NX`` through the same client.
+:class:`RawRedisGuards` is that of the shared-state guard rows (see
+:mod:`agentlease.cli._bench_guards`): a minimal version-checking script, and ``SET NX PX`` with
+an owner-checked release script.
 
 Run everything against one server with ``python -m agentlease.cli._bench_redis redis://...``.
 """
@@ -37,6 +40,13 @@ from agentlease._records import TaskSpec
 from agentlease._sync.queue import Queue
 from agentlease.backends import connect
 from agentlease.backends._redis_url import parse
+from agentlease.cli._bench_guards import (
+    DEFAULT_GUARDS,
+    LOCK_TTL,
+    GuardRow,
+    LibraryGuards,
+    run_guards,
+)
 from agentlease.cli._bench_keys import DEFAULT_CALLS, KeyRow, LibraryKeys, run_keys
 from agentlease.cli._bench_loops import FILL_CHUNK, LEASE_FOR, Driver, Library, Mode, Target
 from agentlease.cli.bench import Row, Stores, cases, run_bench
@@ -44,10 +54,12 @@ from agentlease.errors import InvalidURL
 
 __all__ = [
     "RawRedis",
+    "RawRedisGuards",
     "RawRedisKeys",
     "RawRedisTarget",
     "RedisStores",
     "compare",
+    "compare_guards",
     "compare_keys",
     "latency_and_extend",
     "raw_url",
@@ -264,6 +276,88 @@ def compare_keys(url: str, calls: int) -> list[KeyRow]:
         _drop(url, prefix)
 
 
+_CAS = """
+if redis.call('HGET', KEYS[1], 'v') ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'v', ARGV[2], 'value', ARGV[3])
+return 1
+"""
+_RELEASE = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+return redis.call('DEL', KEYS[1])
+"""
+
+
+class RawRedisGuards:
+    """The raw side of the guard rows, through the client the library uses
+    (``execute_command``, as the library sends its scripts): a script that writes a hash's
+    version and value if the version matches, sent by ``EVALSHA``; a lock taken with ``SET key
+    owner NX PX`` and released by a script that deletes it if the owner matches.
+
+    Args:
+        url: a ``redis://`` URL; its ``prefix`` names the baseline's keys, deleted on close.
+    """
+
+    cas_operation = "EVALSHA of HGET version, HSET version and value if it matches"
+    lock_operation = "SET key owner NX PX, EVALSHA of GET, DEL if the owner matches"
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.prefix = parse(url).prefix
+        self.client = _client(url)
+        execute: Any = self.client.execute_command
+        self._cas = execute("SCRIPT", "LOAD", _CAS)
+        self._release = execute("SCRIPT", "LOAD", _RELEASE)
+
+    def create(self, keys: Sequence[str]) -> None:
+        pipe = self.client.pipeline(transaction=False)
+        for key in keys:
+            pipe.hset(f"{self.prefix}:rec:{{{key}}}", mapping={"v": 1, "value": b"{}"})
+        pipe.execute()
+
+    def compare_and_set(self, keys: Sequence[str], values: Sequence[bytes]) -> int:
+        execute: Any = self.client.execute_command
+        prefix, sha = self.prefix, self._cas
+        written = 0
+        for key, value in zip(keys, values, strict=True):
+            written += execute("EVALSHA", sha, 1, f"{prefix}:rec:{{{key}}}", 1, 2, value)
+        return written
+
+    def lock_cycles(self, name: str, owner: str, count: int) -> int:
+        execute: Any = self.client.execute_command
+        key, sha, ttl = f"{self.prefix}:lock:{{{name}}}", self._release, int(LOCK_TTL * 1000)
+        acquired = 0
+        for _ in range(count):
+            if execute("SET", key, owner, "NX", "PX", ttl):
+                acquired += 1
+            execute("EVALSHA", sha, 1, key, owner)
+        return acquired
+
+    def close(self) -> None:
+        try:
+            _drop(self.url, self.prefix)
+        finally:
+            self.client.close()
+
+
+def compare_guards(url: str, calls: int) -> list[GuardRow]:
+    """The guard rows on ``url``: :class:`~agentlease.SharedState` beside the raw scripts and
+    commands, each under a fresh prefix, deleted afterwards."""
+    prefix = f"bench-{uuid.uuid4().hex[:8]}"
+    target = _with_prefix(url, prefix)
+    try:
+        library = LibraryGuards(connect(target))
+        try:
+            raw = RawRedisGuards(raw_url(target))
+            try:
+                return run_guards("rediss" if parse(url).tls else "redis", library, raw, calls)
+            finally:
+                raw.close()
+        finally:
+            library.close()
+    finally:
+        _drop(url, prefix)
+
+
 def _percentiles(samples: list[float]) -> tuple[float, float]:
     cuts = statistics.quantiles(samples, n=100, method="inclusive")
     return cuts[49] * 1e3, cuts[98] * 1e3
@@ -364,6 +458,8 @@ def main(argv: list[str]) -> int:
     print(json.dumps({"rows": [r.as_json() for r in rows]}, indent=1), flush=True)
     keys = compare_keys(url, DEFAULT_CALLS)
     print(json.dumps({"keys": [r.as_json() for r in keys]}, indent=1), flush=True)
+    guards = compare_guards(url, DEFAULT_GUARDS)
+    print(json.dumps({"guards": [r.as_json() for r in guards]}, indent=1), flush=True)
     print(json.dumps(latency_and_extend(url), indent=1), flush=True)
     return 0
 

@@ -1,6 +1,6 @@
-"""The ``bench`` command: claim and complete throughput, and the cost of ``@idempotent``, through
-the library, each row beside a raw baseline measured in the same run on the same kind of store
-with the same driver.
+"""The ``bench`` command: claim and complete throughput, and the cost of ``@idempotent`` and of the
+shared-state guards, through the library, each row beside a raw baseline measured in the same run
+on the same kind of store with the same driver.
 
 Each throughput row drains ``--tasks`` freshly enqueued tasks in three rounds that alternate with
 its baseline's, and reports each side's best round; only the claim/complete loops are timed. Rows:
@@ -24,6 +24,14 @@ raw operations per call (see :mod:`agentlease.cli._bench_keys`):
   a new key on the same store with the same driver;
 * idempotent no-op, replay: the same calls again (one reserve that finds the outcome: ideally
   1), beside the same write of a key that is present.
+
+Then two shared-state guard rows (``--guards`` calls each, 0 to skip; see
+:mod:`agentlease.cli._bench_guards`), in the same units:
+
+* compare_and_set, right version: :meth:`~agentlease.SharedState.compare_and_set` over an
+  existing record (ideally 1), beside one atomic version-checked write;
+* lock set of one, acquire + release: ``with state.locks([name], timeout=5): pass`` (ideally
+  2), beside an owner-checked conditional acquire and an owner-checked release.
 """
 
 from __future__ import annotations
@@ -49,6 +57,7 @@ from agentlease._codec import JSON
 from agentlease.backends import connect
 from agentlease.backends.memory import MemoryBackend
 from agentlease.cli._app import cli, console, err_console
+from agentlease.cli._bench_guards import DEFAULT_GUARDS, GuardRow, guards_table, local_guards
 from agentlease.cli._bench_keys import DEFAULT_CALLS, KeyRow, keys_table, local_keys
 from agentlease.cli._bench_loops import (
     ROUNDS,
@@ -333,6 +342,14 @@ def _scratch(url: str | None) -> Iterator[tuple[str, Path]]:
     help="Calls of each idempotency row (first calls, then replays of them), split over 3 "
     "rounds, beside as many raw writes; 0 skips the rows.",
 )
+@click.option(
+    "--guards",
+    type=click.IntRange(min=0),
+    default=DEFAULT_GUARDS,
+    show_default=True,
+    help="Calls of each shared-state guard row (compare_and_set; lock acquire + release), "
+    "split over 3 rounds, beside as many raw operations; 0 skips the rows.",
+)
 @reports_errors
 def bench(
     url: str | None,
@@ -342,8 +359,10 @@ def bench(
     batch: int,
     latency: bool,
     keys: int,
+    guards: int,
 ) -> None:
-    """Measure claim+complete throughput and the cost of @idempotent beside raw baselines.
+    """Measure claim+complete throughput, and the cost of @idempotent and of shared-state
+    guards, beside raw baselines.
 
     Each row's baseline runs the same store kind and driver with no library: for SQLite the
     backend's own statements through sqlite3 on a fresh database; for Redis a minimal claim
@@ -356,12 +375,18 @@ def bench(
     transaction (SQLite), SET NX (Redis), INSERT ... ON CONFLICT DO NOTHING (PostgreSQL), a dict
     insert under a lock (memory). Ideally a first call costs 2 and a replay 1.
 
+    Then SharedState.compare_and_set at the right version (ideally 1 raw operation) beside one
+    version-checked UPDATE (SQLite, PostgreSQL) or script (Redis); and a lock set of one,
+    acquired and released (ideally 2), beside a conditional acquire and an owner-checked
+    release: an upsert and an UPDATE (SQLite, PostgreSQL), SET NX PX and a script (Redis).
+
     Redis and PostgreSQL rows run in a fresh key prefix or schema, deleted afterwards; on a
-    SQLite --backend, tasks are left in bench-* queues and keys in its idempotency table.
+    SQLite --backend, tasks are left in bench-* queues, keys in its idempotency table, and
+    bench-guards-* records and locks.
     """
     kind = urlsplit(url).scheme.lower() if url else "sqlite"
     if kind in SERVED:
-        _bench_served(url or "", kind, as_json, tasks, processes, batch, latency, keys)
+        _bench_served(url or "", kind, as_json, tasks, processes, batch, latency, keys, guards)
         return
     with _scratch(url) as (target, scratch):
         stores = Stores(target, scratch)
@@ -369,6 +394,7 @@ def bench(
             plan = cases(processes, batch, stores.kind)
             if not as_json:
                 also = f" and 2 rows x {keys} idempotent calls" if keys else ""
+                also += f" and 2 rows x {guards} guard calls" if guards else ""
                 err_console.print(
                     f"bench: {len(plan)} rows x {tasks} tasks{also} in {ROUNDS} rounds, each "
                     f"beside its raw baseline, on {target}",
@@ -386,18 +412,33 @@ def bench(
             ) as progress:
                 rows = run_bench(stores, plan, tasks, progress=progress)
                 key_rows = local_keys(target, scratch, keys, progress) if keys else []
+                guard_rows = local_guards(target, scratch, guards, progress) if guards else []
         finally:
             stores.close()
+    _report(target, as_json, rows, key_rows, guard_rows)
+
+
+def _report(
+    url: str,
+    as_json: bool,
+    rows: list[Row],
+    key_rows: list[KeyRow],
+    guard_rows: list[GuardRow],
+    extra: list[dict[str, JSON]] | None = None,
+) -> None:
+    """Print every row: one JSON list, or tables (and, on a served store, ``extra`` lines)."""
+    versus = _versus_one_at_a_time(rows)
     if as_json:
-        print_json(
-            [r.as_json() for r in rows]
-            + _versus_one_at_a_time(rows)
-            + [r.as_json() for r in key_rows]
-        )
+        micro = [r.as_json() for r in key_rows] + [r.as_json() for r in guard_rows]
+        print_json([r.as_json() for r in rows] + versus + micro + (extra or []))
         return
-    console.print(_table(rows, target))
+    console.print(_table(rows, url))
     if key_rows:
-        console.print(keys_table(key_rows, target))
+        console.print(keys_table(key_rows, url))
+    if guard_rows:
+        console.print(guards_table(guard_rows, url))
+    for item in [] if extra is None else versus + extra:
+        console.print(f"{item['name']}: ratio {item['ratio']}  {item.get('detail', '')}")
 
 
 SERVED = ("redis", "rediss", "postgresql", "postgres")
@@ -412,21 +453,26 @@ def _bench_served(
     batch: int,
     latency: bool,
     keys: int,
+    guards: int,
 ) -> None:
     """The rows on Redis or PostgreSQL, each backend's own ``compare`` in fresh namespaces."""
     if not as_json:
         also = f" and {keys} idempotent calls" if keys else ""
+        also += f" and {guards} guard calls" if guards else ""
         err_console.print(
             f"bench: {tasks} tasks a row{also} on {url} (fresh namespace)", soft_wrap=True
         )
     extra: list[dict[str, JSON]] = []
     key_rows: list[KeyRow] = []
+    guard_rows: list[GuardRow] = []
     if kind.startswith("redis"):
         from agentlease.cli import _bench_redis
 
         rows = _bench_redis.compare(url, tasks=tasks, batch=batch, processes=processes)
         if keys:
             key_rows = _bench_redis.compare_keys(url, keys)
+        if guards:
+            guard_rows = _bench_redis.compare_guards(url, guards)
         if latency:
             f = _bench_redis.latency_and_extend(url)
             extra = _latency_rows(
@@ -441,6 +487,8 @@ def _bench_served(
         rows = _bench_postgres.compare(url, tasks, processes=processes, batch=batch)
         if keys:
             key_rows = _bench_postgres.compare_keys(url, keys)
+        if guards:
+            guard_rows = _bench_postgres.compare_guards(url, guards)
         if latency:
             f = _bench_postgres.latency_and_extend(url)
             extra = _latency_rows(
@@ -449,15 +497,7 @@ def _bench_served(
                 (f["p50_shallow"], f["p99_shallow"]),
                 f["extend_ms"],
             )
-    versus = _versus_one_at_a_time(rows)
-    if as_json:
-        print_json([r.as_json() for r in rows] + versus + [r.as_json() for r in key_rows] + extra)
-        return
-    console.print(_table(rows, url))
-    if key_rows:
-        console.print(keys_table(key_rows, url))
-    for item in versus + extra:
-        console.print(f"{item['name']}: ratio {item['ratio']}  {item.get('detail', '')}")
+    _report(url, as_json, rows, key_rows, guard_rows, extra)
 
 
 def _versus_one_at_a_time(rows: list[Row]) -> list[dict[str, JSON]]:
