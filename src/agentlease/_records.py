@@ -34,11 +34,22 @@ __all__ = [
     "Versioned",
 ]
 
-TaskState = Literal["scheduled", "queued", "leased", "failed", "done", "dead"]
-"""``scheduled``: waiting for ``run_at``; ``queued``: ready; ``leased``: held by a worker;
-``failed``: raised and waiting for its retry time; ``done``: completed; ``dead``: dead-lettered."""
+TaskState = Literal["parked", "scheduled", "queued", "leased", "failed", "done", "dead"]
+"""``parked``: waiting behind an unfinished task of the same partition; ``scheduled``: waiting
+for ``run_at``; ``queued``: ready; ``leased``: held by a worker; ``failed``: raised and waiting
+for its retry time; ``done``: completed; ``dead``: dead-lettered."""
 
-STATES: tuple[TaskState, ...] = ("scheduled", "queued", "leased", "failed", "done", "dead")
+STATES: tuple[TaskState, ...] = (
+    "parked",
+    "scheduled",
+    "queued",
+    "leased",
+    "failed",
+    "done",
+    "dead",
+)
+BUSY: tuple[TaskState, ...] = ("scheduled", "queued", "leased", "failed")
+"""The states that keep a task's partition busy: its later tasks stay parked meanwhile."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +129,7 @@ class Task:
     checkpoint_json: bytes | None = None
     result_json: bytes | None = None
     error_json: bytes | None = None
+    partition: str | None = None
 
     @property
     def payload(self) -> JSON:
@@ -155,6 +167,8 @@ class TaskSpec:
         priority: higher runs first; ties run in enqueue order.
         delay: seconds before the task may run.
         dedup_key: a key unique within the queue; a second task with it creates nothing.
+        partition: the resource the task writes to (an account, a document): tasks of one
+            partition run one at a time, in enqueue order; different partitions in parallel.
     """
 
     payload: JSON = None
@@ -162,6 +176,7 @@ class TaskSpec:
     priority: int = 0
     delay: float = 0.0
     dedup_key: str | None = None
+    partition: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +190,7 @@ class NewTask:
     delay: float = 0.0
     dedup_key: str | None = None
     max_reclaims: int = 5
+    partition: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,11 +241,14 @@ class QueueStats:
     counts: dict[str, int] = field(default_factory=dict)
     oldest_queued_age: float | None = None
     now: float = 0.0
+    hot_partitions: tuple[tuple[str, int], ...] = ()
+    """Up to five partitions with the most parked tasks, most first: the resources whose
+    tasks wait on each other."""
 
     @property
     def depth(self) -> int:
-        """Tasks waiting to run now (queued) or later (scheduled, failed)."""
-        return sum(self.counts.get(s, 0) for s in ("queued", "scheduled", "failed"))
+        """Tasks waiting to run now (queued) or later (scheduled, failed, parked)."""
+        return sum(self.counts.get(s, 0) for s in ("queued", "scheduled", "failed", "parked"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,9 +264,10 @@ class LeaseInfo:
 
 
 def task_from_row(row: Sequence[Any]) -> Task:
-    """A :class:`Task` from a SQL row of its 19 columns in the order the backends select them:
+    """A :class:`Task` from a SQL row of its columns in the order the backends select them:
     id, queue, state, priority, payload, attempt, reclaims, failures, max_reclaims, created_at,
-    run_at, dedup_key, leased_at, expires_at, finished_at, progress, checkpoint, result, error."""
+    run_at, dedup_key, leased_at, expires_at, finished_at, progress, checkpoint, result, error,
+    and optionally partition."""
     return Task(
         id=row[0],
         queue=row[1],
@@ -268,6 +288,7 @@ def task_from_row(row: Sequence[Any]) -> Task:
         checkpoint_json=row[16],
         result_json=row[17],
         error_json=row[18],
+        partition=row[19] if len(row) > 19 else None,
     )
 
 

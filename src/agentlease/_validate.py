@@ -79,3 +79,11 @@ def integer(value: object, what: str, *, low: int, high: int) -> int:
     if not low <= value <= high:
         raise InvalidInput(f"{what} must be between {low} and {high}, not {value}")
     return value
+
+
+def partition(value: object) -> str:
+    """Return ``value`` if it is a valid partition key (the rules of a task id)."""
+    try:
+        return task_id(value)
+    except InvalidName as exc:
+        raise InvalidName(str(exc).replace("task id", "partition key")) from None

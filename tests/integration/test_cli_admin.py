@@ -69,6 +69,7 @@ def test_enqueue_then_stats_counts_every_state(run, sqlite_url: str, tmp_path: P
     assert sorted(every) == ["jobs", "other"]
     jobs = every["jobs"]
     assert jobs["counts"] == {
+        "parked": 0,
         "scheduled": 1,
         "queued": 4,
         "leased": 1,
@@ -453,3 +454,14 @@ def test_keys_show_and_purge(run, sqlite_url: str) -> None:
         held.abandon()
     finally:
         keys.close()
+
+
+def test_stats_show_hot_partitions(run) -> None:
+    ok(run("enqueue", "ledger", "1", "2", "3", "--partition", "acct-7"))
+    ok(run("enqueue", "ledger", "4", "--partition", "acct-9"))
+    (row,) = json.loads(ok(run("stats", "--json", "ledger")).stdout)
+    assert row["counts"]["parked"] == 2
+    assert row["counts"]["queued"] == 2
+    assert row["hot_partitions"] == [{"partition": "acct-7", "parked": 2}]
+    assert "acct-7 (2 parked)" in ok(run("stats", "ledger")).stdout
+    assert "partition key" in refused(run("enqueue", "ledger", "1", "--partition", "a b"))

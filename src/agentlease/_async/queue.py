@@ -96,6 +96,7 @@ class AsyncQueue:
             delay=check.non_negative(spec.delay, "delay"),
             dedup_key=spec.dedup_key,
             max_reclaims=self.settings.max_reclaims,
+            partition=None if spec.partition is None else check.partition(spec.partition),
         )
 
     async def enqueue(
@@ -107,6 +108,7 @@ class AsyncQueue:
         priority: int = 0,
         delay: float = 0.0,
         dedup_key: str | None = None,
+        partition: str | None = None,
     ) -> Enqueued:
         """Add one task.
 
@@ -117,6 +119,9 @@ class AsyncQueue:
             priority: higher runs first.
             delay: seconds before it may run.
             dedup_key: a second task with this key in this queue creates nothing.
+            partition: the resource the task writes to: while a task of the partition is
+                unfinished, later ones wait ``parked``, so one resource has one writer at a
+                time (in enqueue order) and different resources run in parallel.
 
         Returns:
             The task's id, and whether it was created (``False``: it existed already).
@@ -125,7 +130,14 @@ class AsyncQueue:
             InvalidName: bad queue name or id.
             NotJSON, PayloadTooLarge: the payload was refused; nothing was written.
         """
-        spec = TaskSpec(payload=payload, id=id, priority=priority, delay=delay, dedup_key=dedup_key)
+        spec = TaskSpec(
+            payload=payload,
+            id=id,
+            priority=priority,
+            delay=delay,
+            dedup_key=dedup_key,
+            partition=partition,
+        )
         (result,) = await self.backend.enqueue([self._new_task(check.queue_name(queue), spec)])
         return result
 

@@ -239,5 +239,5 @@ def translate(settings: PostgresSettings, exc: psycopg.Error) -> BackendError:
 
 
 def task(row: tuple[Any, ...]) -> Task:
-    """A :class:`Task` from the 19 columns that ``get``, ``dead`` and ``fail_*`` return."""
+    """A :class:`Task` from the 20 columns that ``get``, ``dead`` and ``fail_*`` return."""
     return task_from_row(row)

@@ -12,7 +12,7 @@ from importlib import resources
 
 __all__ = ["queries"]
 
-_HEADER = re.compile(r"^-- name: ([a-z_]+)\s*$", re.MULTILINE)
+_HEADER = re.compile(r"^-- name: ([a-z][a-z0-9_]*)\s*$", re.MULTILINE)
 
 
 @cache

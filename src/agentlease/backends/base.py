@@ -10,6 +10,16 @@ Every holder write (``extend``, ``complete``, ``fail``, ``release``, ``progress`
 compares the lease's token and requires the lease to be live (``now < expires_at``) inside the
 same step, and a stale one raises :class:`~agentlease.errors.LeaseLost` and changes nothing.
 
+Partitions (single-writer routing). A task may carry a ``partition`` (the resource it writes
+to). A partition is *busy* while one of its tasks is scheduled, queued, leased or failed
+(``BUSY``); a task enqueued (or requeued from the dead letters) into a busy partition, or after
+an earlier task of the same partition in the same enqueue call, is stored ``parked`` instead.
+Whenever a task of a partition becomes done or dead (complete, complete_many, fail, or a reap
+past max_reclaims inside claim or reap), the same atomic step unparks the partition's oldest
+parked task (lowest sequence) if the partition is no longer busy: it becomes queued, or
+scheduled if its ``run_at`` is still ahead. ``stats`` counts parked tasks and names up to five
+partitions with the most of them (``hot_partitions``).
+
 Idempotency keys (``*_key`` primitives) live beside the tasks, one record per key, unique in the
 store. A key moves ``absent -> in_flight -> done | failed`` (or back to absent-like on release),
 each transition one atomic step. The holder of an in-flight reservation proves it with the

@@ -46,6 +46,8 @@ from agentlease.errors import LeaseLost, UnknownQueue, UnknownTask
 
 __all__ = ["MemoryBackend"]
 
+HOT = 5  # partitions listed as hot in stats
+
 
 @dataclass(slots=True)
 class _Row:
@@ -82,6 +84,9 @@ class MemoryBackend:
         self._seq = 0
         self._keys = KeyTable()
         self._state = StateTables()
+        # Partitions: the busy tasks of each (queue, partition), and its parked tasks by sequence.
+        self._busy: dict[tuple[str, str], set[str]] = {}
+        self._parked: dict[tuple[str, str], list[tuple[int, str]]] = {}
 
     # -- helpers (called with the lock held) ---------------------------------------------------
 
@@ -141,6 +146,7 @@ class MemoryBackend:
                     error_json=error,
                     expires_at=None,
                 )
+                self._finished(row, now)
             else:
                 if front:
                     row.seq = front_seq(row.seq)
@@ -151,6 +157,50 @@ class MemoryBackend:
                 self._push_ready(lane, row)
             reaped.append(Reaped(task_id, queue, t.attempt, outcome))
         return reaped
+
+    def _start(self, lane: _Lane, row: _Row, now: float) -> None:
+        """Make a new, requeued or unparked task runnable (queued, or scheduled if its time has
+        not come) and count it busy for its partition."""
+        t = row.task
+        if t.partition is not None:
+            self._busy.setdefault((t.queue, t.partition), set()).add(t.id)
+        if t.run_at > now:
+            row.task = replace(t, state="scheduled")
+            heapq.heappush(lane.waiting, (t.run_at, t.id))
+        else:
+            row.task = replace(t, state="queued")
+            self._push_ready(lane, row)
+
+    def _park(self, row: _Row) -> bool:
+        """Park a task whose partition is busy (True), else leave it be (False)."""
+        t = row.task
+        if t.partition is None or not self._busy.get((t.queue, t.partition)):
+            return False
+        row.task = replace(t, state="parked")
+        heapq.heappush(self._parked.setdefault((t.queue, t.partition), []), (row.seq, t.id))
+        return True
+
+    def _finished(self, row: _Row, now: float) -> None:
+        """A task became done or dead: if its partition is now idle, unpark the next one."""
+        t = row.task
+        if t.partition is None:
+            return
+        key = (t.queue, t.partition)
+        busy = self._busy.get(key)
+        if busy is not None:
+            busy.discard(t.id)
+            if busy:
+                return
+            del self._busy[key]
+        parked = self._parked.get(key)
+        while parked:
+            _seq, task_id = heapq.heappop(parked)
+            nxt = self._rows[task_id]
+            if nxt.task.state == "parked":
+                self._start(self._lanes[t.queue], nxt, now)
+                break
+        if not parked:
+            self._parked.pop(key, None)
 
     def _set_lease(self, lane: _Lane, row: _Row) -> None:
         t = row.task
@@ -182,7 +232,7 @@ class MemoryBackend:
                     continue
                 lane = self._lanes.setdefault(spec.queue, _Lane([], [], []))
                 self._seq += 1
-                state: TaskState = "scheduled" if spec.delay > 0 else "queued"
+                state: TaskState = "parked"
                 row = _Row(
                     Task(
                         id=spec.id,
@@ -197,6 +247,7 @@ class MemoryBackend:
                         created_at=now,
                         run_at=now + spec.delay,
                         dedup_key=spec.dedup_key,
+                        partition=spec.partition,
                     ),
                     seq=self._seq,
                 )
@@ -204,10 +255,8 @@ class MemoryBackend:
                 batch[spec.id] = spec.id
                 if spec.dedup_key is not None:
                     self._dedup[(spec.queue, spec.dedup_key)] = spec.id
-                if state == "queued":
-                    self._push_ready(lane, row)
-                else:
-                    heapq.heappush(lane.waiting, (row.task.run_at, spec.id))
+                if not self._park(row):
+                    self._start(lane, row, now)
                 out.append(Enqueued(spec.id, True))
             return out
 
@@ -272,6 +321,7 @@ class MemoryBackend:
             row.task = replace(
                 row.task, state="done", result_json=result_json, finished_at=now, expires_at=None
             )
+            self._finished(row, now)
 
     def complete_many(
         self, items: Sequence[tuple[Lease, bytes | None]]
@@ -302,6 +352,7 @@ class MemoryBackend:
                     finished_at=now,
                     expires_at=None,
                 )
+                self._finished(row, now)
             else:
                 row.task = replace(
                     t,
@@ -363,6 +414,7 @@ class MemoryBackend:
             now = self._clock()
             counts: dict[str, int] = {}
             oldest: float | None = None
+            parked: dict[str, int] = {}
             for row in self._rows.values():
                 t = row.task
                 if t.queue != queue:
@@ -371,7 +423,10 @@ class MemoryBackend:
                 if t.state == "queued":
                     age = now - t.created_at
                     oldest = age if oldest is None else max(oldest, age)
-            return QueueStats(queue, counts, oldest, now)
+                elif t.state == "parked" and t.partition is not None:
+                    parked[t.partition] = parked.get(t.partition, 0) + 1
+            hot = tuple(sorted(parked.items(), key=lambda kv: (-kv[1], kv[0]))[:HOT])
+            return QueueStats(queue, counts, oldest, now, hot)
 
     def queues(self) -> list[str]:
         with self._lock:
@@ -413,6 +468,7 @@ class MemoryBackend:
     def requeue_dead(self, queue: str, task_ids: Sequence[str] | None, front: bool) -> int:
         with self._lock:
             lane = self._lane(queue)
+            now = self._clock()
             wanted = None if task_ids is None else set(task_ids)
             count = 0
             for row in self._rows.values():
@@ -426,8 +482,11 @@ class MemoryBackend:
                 else:
                     self._seq += 1
                     row.seq = self._seq
-                row.task = replace(t, state="queued", reclaims=0, failures=0, finished_at=None)
-                self._push_ready(lane, row)
+                row.task = replace(
+                    t, state="queued", reclaims=0, failures=0, finished_at=None, run_at=now
+                )
+                if not self._park(row):
+                    self._start(lane, row, now)
                 count += 1
             return count
 

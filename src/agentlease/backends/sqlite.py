@@ -14,6 +14,11 @@ statements fenced by the token; ``purge_keys`` deletes through the index on ``pu
 Versioned records, bounded counters and lock sets (schema version 3) are in
 :mod:`agentlease.backends._sqlite_state`.
 
+Partitions (schema version 4): ``enqueue`` and ``requeue_dead`` park a task whose partition is
+busy, checked per row inside their one transaction (so an earlier task of the same call counts);
+the trigger ``agentlease_unpark`` starts a partition's next task inside whichever statement
+finishes its last busy task (complete, fail, a reap past max_reclaims), so that step stays one.
+
 Durability: with ``synchronous=NORMAL`` (the default here) a committed write survives the crash
 of any process; a power loss may lose the last transactions. ``?synchronous=FULL`` keeps those too.
 """
@@ -68,9 +73,10 @@ from agentlease.errors import (
 __all__ = ["SQLiteBackend"]
 
 Q = queries("agentlease.backends.sql", "sqlite.sql")
-# 1: tasks and queues; 2: idempotency keys; 3: records, counters and locks. The schema is all
-# "IF NOT EXISTS", so a database at an older version is brought up to date by running it again.
-SCHEMA_VERSION = 3
+# 1: tasks and queues; 2: idempotency keys; 3: records, counters and locks; 4: partitions. The
+# schema is all "IF NOT EXISTS", so a database at an older version is brought up to date by
+# running it again, after the upgrade_to_<version> steps that change tables it already has.
+SCHEMA_VERSION = 4
 
 
 def _translate(path: str, exc: sqlite3.Error) -> BackendError:
@@ -182,9 +188,15 @@ class SQLiteBackend(SQLiteState):
         try:
             (version,) = db.execute("PRAGMA user_version").fetchone()
             if version < SCHEMA_VERSION:
+                # Version 0 is a new file: the schema creates everything. An older database
+                # first gets the changes to the tables it has, one version after another.
+                steps = range(version + 1, SCHEMA_VERSION + 1) if version else ()
+                for script in [Q[f"upgrade_to_{v}"] for v in steps if f"upgrade_to_{v}" in Q]:
+                    db.execute(script)
                 for statement in Q["schema"].split(";"):
                     if statement.strip():
                         db.execute(statement)
+                db.execute(Q["unpark_trigger"])
                 db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
             db.execute("COMMIT")
         except BaseException:
@@ -256,7 +268,7 @@ class SQLiteBackend(SQLiteState):
                 seq = next_seq[spec.queue]
                 next_seq[spec.queue] = seq + 1
                 cursor = db.execute(
-                    Q["insert_task"],
+                    Q["insert_task" if spec.partition is None else "insert_partitioned"],
                     {
                         "id": spec.id,
                         "queue": spec.queue,
@@ -268,6 +280,7 @@ class SQLiteBackend(SQLiteState):
                         "max_reclaims": spec.max_reclaims,
                         "now": now,
                         "run_at": now + spec.delay,
+                        "partition": spec.partition,
                     },
                 )
                 if cursor.rowcount == 1:
@@ -392,9 +405,10 @@ class SQLiteBackend(SQLiteState):
                 now = time.time()
                 counts = dict(db.execute(Q["counts"], {"queue": queue}))
                 (oldest,) = db.execute(Q["oldest_queued"], {"queue": queue}).fetchone()
+                hot = tuple(db.execute(Q["hot_partitions"], {"queue": queue}))
             finally:
                 db.execute("COMMIT")
-        return QueueStats(queue, counts, None if oldest is None else now - oldest, now)
+        return QueueStats(queue, counts, None if oldest is None else now - oldest, now, hot)
 
     def queues(self) -> list[str]:
         with self._step(write=False) as db:
@@ -419,12 +433,13 @@ class SQLiteBackend(SQLiteState):
     def requeue_dead(self, queue: str, task_ids: Sequence[str] | None, front: bool) -> int:
         with self._step(write=True) as db:
             self._require_queue(db, queue)
+            now = time.time()
             rows = db.execute(Q["dead_ids"], {"queue": queue}).fetchall()
             wanted = None if task_ids is None else set(task_ids)
             chosen = [(i, s) for i, s in rows if wanted is None or i in wanted]
-            for task_id, seq in chosen:
+            for task_id, seq in chosen:  # oldest first: the first of a partition may run
                 new_seq = front_seq(seq) if front else self._next_seq(db, queue)
-                db.execute(Q["requeue_dead"], {"id": task_id, "seq": new_seq})
+                db.execute(Q["requeue_dead"], {"id": task_id, "seq": new_seq, "now": now})
             return len(chosen)
 
     # -- idempotency keys -------------------------------------------------------------------------

@@ -144,6 +144,9 @@ def _payloads(arguments: Sequence[str], file: IO[str] | None) -> list[JSON]:
 @click.option("--delay", type=float, default=0.0, help="Seconds before the tasks may run.")
 @click.option("--id", "task_id", help="The task's id (one task only); an existing id is kept.")
 @click.option("--dedup-key", help="A key unique within the queue (one task only).")
+@click.option(
+    "--partition", help="The resource the tasks write to: they run one at a time, in order."
+)
 @backend_option
 @reports_errors
 def enqueue(
@@ -154,6 +157,7 @@ def enqueue(
     delay: float,
     task_id: str | None,
     dedup_key: str | None,
+    partition: str | None,
     url: str,
 ) -> None:
     """Add tasks to QUEUE: one per PAYLOAD_JSON argument and per line of --file.
@@ -171,7 +175,14 @@ def enqueue(
         for number, payload in enumerate(payloads, 1):  # refuse before any chunk is written
             encode(payload, what=f"payload #{number}", limit=limit)
         specs = [
-            TaskSpec(payload=p, id=task_id, priority=priority, delay=delay, dedup_key=dedup_key)
+            TaskSpec(
+                payload=p,
+                id=task_id,
+                priority=priority,
+                delay=delay,
+                dedup_key=dedup_key,
+                partition=partition,
+            )
             for p in payloads
         ]
         if len(specs) == 1:
@@ -202,6 +213,7 @@ def _stats_json(s: QueueStats) -> dict[str, JSON]:
         "counts": {state: s.counts.get(state, 0) for state in STATES},
         "depth": s.depth,
         "oldest_queued_age": s.oldest_queued_age,
+        "hot_partitions": [{"partition": p, "parked": n} for p, n in s.hot_partitions],
     }
 
 
@@ -223,14 +235,20 @@ def stats(queues: tuple[str, ...], as_json: bool, url: str) -> None:
         return
     table = Table(title="queues", box=box.SIMPLE_HEAD)
     table.add_column("queue", style="bold", overflow="fold")
-    for state in STATES:
+    # Parked tasks exist only with partitions: the column appears when there are some.
+    shown = [st for st in STATES if st != "parked" or any(s.counts.get(st) for s in rows)]
+    for state in shown:
         table.add_column(state, justify="right", no_wrap=True)
     table.add_column("depth", justify="right", style="cyan", no_wrap=True)
     table.add_column("oldest", justify="right", no_wrap=True)
     for s in rows:
-        counts = [str(s.counts.get(state, 0)) for state in STATES]
+        counts = [str(s.counts.get(state, 0)) for state in shown]
         table.add_row(s.queue, *counts, str(s.depth), _seconds(s.oldest_queued_age))
     console.print(table)
+    for s in rows:
+        if s.hot_partitions:
+            hot = ", ".join(f"{p} ({n} parked)" for p, n in s.hot_partitions)
+            console.print(f"hot partitions of [bold]{s.queue}[/]: {hot}")
 
 
 # -- inspect ------------------------------------------------------------------------------------

@@ -14,6 +14,10 @@ connection in autocommit mode, so each is its own transaction and one round trip
   ``agentlease_extend()`` (two arrays: ids and tokens), one transaction at one clock reading.
 * ``enqueue`` inserts the whole batch in one statement (all or nothing); writes that make work
   ready send ``pg_notify`` in that same statement, delivered only if it commits.
+* partitions (migration ``0004_partitions``, whose comments give the reasoning): a batch with
+  partitions is one call of ``agentlease_enqueue()``, which, like ``requeue_dead``, parks a task
+  of a busy partition; a trigger starts the next one inside the statement that makes a task done
+  or dead. Whoever decides whether a partition is busy takes its advisory lock first.
 * idempotency keys live in ``agentlease_keys`` (migration ``0002_keys``): ``reserve_key`` is
   one call of ``agentlease_reserve_key()``, which inserts the key (``ON CONFLICT DO NOTHING``: the
   primary key lets exactly one concurrent reserver win) or locks the row and takes it over or
@@ -49,6 +53,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from agentlease._policy.lease import lost_reason
 from agentlease._records import (
+    STATES,
     Enqueued,
     Job,
     KeyHold,
@@ -92,7 +97,6 @@ from .postgres_state import PostgresState
 __all__ = ["AsyncPostgresBackend"]
 
 Row = tuple[Any, ...]
-STATES = ("scheduled", "queued", "leased", "failed", "done", "dead")
 
 
 async def _configure(conn: AsyncConnection[Any]) -> None:
@@ -223,6 +227,7 @@ class AsyncPostgresBackend(PostgresState):
     async def enqueue(self, tasks: Sequence[NewTask]) -> list[Enqueued]:
         if not tasks:
             return []
+        names = sorted({t.queue for t in tasks})
         batch = {
             "id": [t.id for t in tasks],
             "queue": [t.queue for t in tasks],
@@ -231,9 +236,13 @@ class AsyncPostgresBackend(PostgresState):
             "dedup_key": [t.dedup_key for t in tasks],
             "max_reclaims": [t.max_reclaims for t in tasks],
             "delay": [float(t.delay) for t in tasks],
-            "channels": sorted({self._channel(t.queue) for t in tasks}),
+            "partition": [t.partition for t in tasks],
+            "queue_names": names,
+            "channels": [self._channel(name) for name in names],
         }
-        ((ids, queues, keys, _),) = await self._fetch(Q["enqueue"], batch)
+        parted = any(t.partition is not None for t in tasks)
+        query = Q["enqueue_partitioned" if parted else "enqueue"]
+        ((ids, queues, keys, *_),) = await self._fetch(query, batch)
         created = list(zip(ids, queues, keys, strict=True))
         if len(created) == len(tasks):
             return [Enqueued(spec.id, True) for spec in tasks]
@@ -380,11 +389,13 @@ class AsyncPostgresBackend(PostgresState):
         return task(rows[0])
 
     async def stats(self, queue: str) -> QueueStats:
-        ((exists, now, *numbers, oldest),) = await self._fetch(Q["stats"], {"queue": queue})
+        rows = await self._fetch(Q["stats"], {"queue": queue})
+        ((exists, now, *numbers, oldest, hot_names, hot_counts),) = rows
         if not exists:
             raise UnknownQueue(queue)
-        counts = {state: n for state, n in zip(STATES, numbers, strict=True) if n}
-        return QueueStats(queue, counts, oldest, now)
+        counts: dict[str, int] = {s: n for s, n in zip(STATES, numbers, strict=True) if n}
+        hot = tuple(zip(hot_names, hot_counts, strict=True))
+        return QueueStats(queue, counts, oldest, now, hot)
 
     async def queues(self) -> list[str]:
         return [name for (name,) in await self._fetch(Q["queues"])]
@@ -413,7 +424,7 @@ class AsyncPostgresBackend(PostgresState):
             "front": front,
             "channel": self._channel(queue),
         }
-        ((exists, requeued, _),) = await self._fetch(Q["requeue_dead"], params)
+        ((exists, requeued),) = await self._fetch(Q["requeue_dead"], params)
         if not exists:
             raise UnknownQueue(queue)
         return int(requeued)

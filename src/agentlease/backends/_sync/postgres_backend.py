@@ -16,6 +16,10 @@ connection in autocommit mode, so each is its own transaction and one round trip
   ``agentlease_extend()`` (two arrays: ids and tokens), one transaction at one clock reading.
 * ``enqueue`` inserts the whole batch in one statement (all or nothing); writes that make work
   ready send ``pg_notify`` in that same statement, delivered only if it commits.
+* partitions (migration ``0004_partitions``, whose comments give the reasoning): a batch with
+  partitions is one call of ``agentlease_enqueue()``, which, like ``requeue_dead``, parks a task
+  of a busy partition; a trigger starts the next one inside the statement that makes a task done
+  or dead. Whoever decides whether a partition is busy takes its advisory lock first.
 * idempotency keys live in ``agentlease_keys`` (migration ``0002_keys``): ``reserve_key`` is
   one call of ``agentlease_reserve_key()``, which inserts the key (``ON CONFLICT DO NOTHING``: the
   primary key lets exactly one concurrent reserver win) or locks the row and takes it over or
@@ -51,6 +55,7 @@ from psycopg_pool import ConnectionPool
 
 from agentlease._policy.lease import lost_reason
 from agentlease._records import (
+    STATES,
     Enqueued,
     Job,
     KeyHold,
@@ -94,7 +99,6 @@ from .postgres_state import PostgresState
 __all__ = ["PostgresBackend"]
 
 Row = tuple[Any, ...]
-STATES = ("scheduled", "queued", "leased", "failed", "done", "dead")
 
 
 def _configure(conn: Connection[Any]) -> None:
@@ -225,6 +229,7 @@ class PostgresBackend(PostgresState):
     def enqueue(self, tasks: Sequence[NewTask]) -> list[Enqueued]:
         if not tasks:
             return []
+        names = sorted({t.queue for t in tasks})
         batch = {
             "id": [t.id for t in tasks],
             "queue": [t.queue for t in tasks],
@@ -233,9 +238,13 @@ class PostgresBackend(PostgresState):
             "dedup_key": [t.dedup_key for t in tasks],
             "max_reclaims": [t.max_reclaims for t in tasks],
             "delay": [float(t.delay) for t in tasks],
-            "channels": sorted({self._channel(t.queue) for t in tasks}),
+            "partition": [t.partition for t in tasks],
+            "queue_names": names,
+            "channels": [self._channel(name) for name in names],
         }
-        ((ids, queues, keys, _),) = self._fetch(Q["enqueue"], batch)
+        parted = any(t.partition is not None for t in tasks)
+        query = Q["enqueue_partitioned" if parted else "enqueue"]
+        ((ids, queues, keys, *_),) = self._fetch(query, batch)
         created = list(zip(ids, queues, keys, strict=True))
         if len(created) == len(tasks):
             return [Enqueued(spec.id, True) for spec in tasks]
@@ -382,11 +391,13 @@ class PostgresBackend(PostgresState):
         return task(rows[0])
 
     def stats(self, queue: str) -> QueueStats:
-        ((exists, now, *numbers, oldest),) = self._fetch(Q["stats"], {"queue": queue})
+        rows = self._fetch(Q["stats"], {"queue": queue})
+        ((exists, now, *numbers, oldest, hot_names, hot_counts),) = rows
         if not exists:
             raise UnknownQueue(queue)
-        counts = {state: n for state, n in zip(STATES, numbers, strict=True) if n}
-        return QueueStats(queue, counts, oldest, now)
+        counts: dict[str, int] = {s: n for s, n in zip(STATES, numbers, strict=True) if n}
+        hot = tuple(zip(hot_names, hot_counts, strict=True))
+        return QueueStats(queue, counts, oldest, now, hot)
 
     def queues(self) -> list[str]:
         return [name for (name,) in self._fetch(Q["queues"])]
@@ -415,7 +426,7 @@ class PostgresBackend(PostgresState):
             "front": front,
             "channel": self._channel(queue),
         }
-        ((exists, requeued, _),) = self._fetch(Q["requeue_dead"], params)
+        ((exists, requeued),) = self._fetch(Q["requeue_dead"], params)
         if not exists:
             raise UnknownQueue(queue)
         return int(requeued)

@@ -55,6 +55,17 @@ SELECT array(SELECT id FROM created), array(SELECT queue FROM created),
        array(SELECT dedup_key FROM created),
        (SELECT count(pg_notify(ch, '')) FROM unnest(%(channels)s::text[]) AS n(ch));
 
+-- name: enqueue_partitioned
+-- A batch with partitions: one call of agentlease_enqueue() (postgres_migrations/
+-- 0004_partitions.sql), all or nothing, which also parks each task of a busy partition. Returns
+-- who was created as three aligned arrays (id, queue, dedup key).
+SELECT ids, queues, dedup_keys
+FROM agentlease_enqueue(
+    %(id)s::text[], %(queue)s::text[], %(priority)s::integer[], %(payload)s::json[],
+    %(dedup_key)s::text[], %(max_reclaims)s::integer[], %(delay)s::float8[],
+    %(partition)s::text[], %(queue_names)s::text[], %(channels)s::text[]
+);
+
 -- name: find_existing
 -- Two index lookups (primary key; the dedup index), not one OR that only a table scan answers.
 SELECT id, queue, dedup_key FROM agentlease_tasks WHERE id = ANY(%(id)s::text[])
@@ -87,12 +98,10 @@ SET state = 'done', result = %(result)s::json, finished_at = clock_timestamp(), 
 WHERE id = %(id)s AND token = %(token)s AND expires_at > clock_timestamp();
 
 -- name: complete_many
-UPDATE agentlease_tasks AS t
-SET state = 'done', result = d.result::json, finished_at = clock_timestamp(), token = NULL,
-    expires_at = NULL
-FROM unnest(%(ids)s::text[], %(tokens)s::text[], %(results)s::text[]) AS d(id, token, result)
-WHERE t.id = d.id AND t.token = d.token AND t.expires_at > clock_timestamp()
-RETURNING d.id, d.token;
+-- One call of agentlease_complete_many() (postgres_migrations/0004_partitions.sql): each row is
+-- fenced on its own (token, expiry) and updated or not, in one transaction.
+SELECT task_id, token
+FROM agentlease_complete_many(%(ids)s::text[], %(tokens)s::text[], %(results)s::text[]);
 
 -- name: fail_retry
 -- Notifies idle workers in the same statement (delivered at commit).
@@ -108,7 +117,7 @@ SELECT f.id, f.queue, f.state, f.priority, f.payload, f.attempt, f.reclaims, f.f
        f.max_reclaims, extract(epoch FROM f.created_at)::float8,
        extract(epoch FROM f.run_at)::float8, f.dedup_key, extract(epoch FROM f.leased_at)::float8,
        extract(epoch FROM f.expires_at)::float8, extract(epoch FROM f.finished_at)::float8,
-       f.progress, f.checkpoint, f.result, f.error, pg_notify(%(channel)s, '')::text
+       f.progress, f.checkpoint, f.result, f.error, f.partition, pg_notify(%(channel)s, '')::text
 FROM failed f;
 
 -- name: fail_dead
@@ -119,7 +128,8 @@ WHERE id = %(id)s AND token = %(token)s AND expires_at > clock_timestamp()
 RETURNING id, queue, state, priority, payload, attempt, reclaims, failures, max_reclaims,
           extract(epoch FROM created_at)::float8, extract(epoch FROM run_at)::float8, dedup_key,
           extract(epoch FROM leased_at)::float8, extract(epoch FROM expires_at)::float8,
-          extract(epoch FROM finished_at)::float8, progress, checkpoint, result, error;
+          extract(epoch FROM finished_at)::float8, progress, checkpoint, result, error,
+          partition;
 
 -- name: release
 -- Notifies idle workers in the same statement (delivered at commit).
@@ -148,13 +158,23 @@ WHERE id = %(id)s;
 SELECT id, queue, state, priority, payload, attempt, reclaims, failures, max_reclaims,
        extract(epoch FROM created_at)::float8, extract(epoch FROM run_at)::float8, dedup_key,
        extract(epoch FROM leased_at)::float8, extract(epoch FROM expires_at)::float8,
-       extract(epoch FROM finished_at)::float8, progress, checkpoint, result, error
+       extract(epoch FROM finished_at)::float8, progress, checkpoint, result, error, partition
 FROM agentlease_tasks WHERE id = %(id)s;
 
 -- name: stats
--- One statement, so one snapshot for every count; each count reads one partial index.
+-- One statement, so one snapshot for every count; each count reads one partial index. The hot
+-- partitions (the five with the most parked tasks, most first, ties by name in code-point order)
+-- are two aligned arrays, read from the parked index.
+WITH hot AS (
+    SELECT partition, count(*) AS n FROM agentlease_tasks
+    WHERE queue = %(queue)s AND state = 'parked'
+    GROUP BY partition
+    ORDER BY n DESC, partition COLLATE "C"
+    LIMIT 5
+)
 SELECT EXISTS (SELECT 1 FROM agentlease_queues WHERE name = %(queue)s),
        extract(epoch FROM c.now)::float8,
+       (SELECT count(*) FROM agentlease_tasks WHERE queue = %(queue)s AND state = 'parked'),
        (SELECT count(*) FROM agentlease_tasks WHERE queue = %(queue)s AND state = 'scheduled'),
        (SELECT count(*) FROM agentlease_tasks WHERE queue = %(queue)s AND state = 'queued'),
        (SELECT count(*) FROM agentlease_tasks WHERE queue = %(queue)s AND state = 'leased'),
@@ -162,7 +182,9 @@ SELECT EXISTS (SELECT 1 FROM agentlease_queues WHERE name = %(queue)s),
        (SELECT count(*) FROM agentlease_tasks WHERE queue = %(queue)s AND state = 'done'),
        (SELECT count(*) FROM agentlease_tasks WHERE queue = %(queue)s AND state = 'dead'),
        (SELECT extract(epoch FROM c.now - min(created_at))::float8 FROM agentlease_tasks
-        WHERE queue = %(queue)s AND state = 'queued')
+        WHERE queue = %(queue)s AND state = 'queued'),
+       array(SELECT h.partition FROM hot h ORDER BY h.n DESC, h.partition COLLATE "C"),
+       array(SELECT h.n FROM hot h ORDER BY h.n DESC, h.partition COLLATE "C")
 FROM (SELECT clock_timestamp() AS now) c;
 
 -- name: queues
@@ -191,7 +213,8 @@ SELECT t.id, t.queue, t.state, t.priority, t.payload, t.attempt, t.reclaims, t.f
        t.max_reclaims, extract(epoch FROM t.created_at)::float8,
        extract(epoch FROM t.run_at)::float8, t.dedup_key,
        extract(epoch FROM t.leased_at)::float8, extract(epoch FROM t.expires_at)::float8,
-       extract(epoch FROM t.finished_at)::float8, t.progress, t.checkpoint, t.result, t.error
+       extract(epoch FROM t.finished_at)::float8, t.progress, t.checkpoint, t.result, t.error,
+       t.partition
 FROM agentlease_queues q
 LEFT JOIN LATERAL (
     SELECT * FROM agentlease_tasks d
@@ -202,20 +225,13 @@ LEFT JOIN LATERAL (
 WHERE q.name = %(queue)s;
 
 -- name: requeue_dead
--- Fresh budgets, attempt kept (fencing stays monotonic); notifies idle workers if any moved.
-WITH q AS (
-    SELECT name FROM agentlease_queues WHERE name = %(queue)s
-), requeued AS (
-    UPDATE agentlease_tasks
-    SET state = 'queued', reclaims = 0, failures = 0, finished_at = NULL,
-        seq = CASE WHEN %(front)s::boolean THEN agentlease_front(seq)
-                   ELSE nextval('agentlease_seq') END
-    WHERE queue IN (SELECT name FROM q) AND state = 'dead'
-      AND (%(all)s::boolean OR id = ANY(%(ids)s::text[]))
-    RETURNING id
-)
-SELECT (SELECT count(*) FROM q), (SELECT count(*) FROM requeued),
-       (SELECT count(pg_notify(%(channel)s, '')) FROM (SELECT 1 FROM requeued LIMIT 1) x);
+-- One call of agentlease_requeue_dead() (postgres_migrations/0004_partitions.sql): fresh
+-- budgets, attempt kept (fencing stays monotonic), parked behind a busy partition; notifies
+-- idle workers if any moved.
+SELECT queue_exists, requeued
+FROM agentlease_requeue_dead(
+    %(queue)s::text, %(all)s::boolean, %(ids)s::text[], %(front)s::boolean, %(channel)s::text
+);
 
 -- name: key_reserve
 -- One call of agentlease_reserve_key() (postgres_migrations/0002_keys.sql): insert, take over or

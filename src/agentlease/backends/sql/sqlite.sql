@@ -8,6 +8,11 @@
 -- Shared-state guards (record_*, counter_*, locks_*): names of a lock set travel as one JSON
 -- array (:names) read with json_each. A lock is held while it has an owner and
 -- expires_at > :now, so an expired lock is free whether or not a sweep has cleared it.
+--
+-- Partitions (schema version 4): a task with a partition is stored 'parked' while its partition
+-- is busy (a task of it scheduled, queued, leased or failed). The trigger agentlease_unpark
+-- starts the next parked task when a task of the partition becomes done or dead, inside the
+-- statement that made it so: complete, fail, a reap past max_reclaims, whatever the path.
 
 -- name: schema
 -- Run statement by statement, split on semicolons: keep them out of the comments here.
@@ -39,7 +44,8 @@ CREATE TABLE IF NOT EXISTS agentlease_tasks (
     progress         BLOB,
     checkpoint       BLOB,
     result           BLOB,
-    error            BLOB
+    error            BLOB,
+    partition        TEXT
 );
 -- Partial indexes: claim, promotion and reaping touch only live rows, so their cost does not grow
 -- with the number of finished tasks.
@@ -53,6 +59,15 @@ CREATE INDEX IF NOT EXISTS agentlease_dead
     ON agentlease_tasks (queue, finished_at) WHERE state = 'dead';
 CREATE UNIQUE INDEX IF NOT EXISTS agentlease_dedup
     ON agentlease_tasks (queue, dedup_key) WHERE dedup_key IS NOT NULL;
+-- Partitions (schema version 4). The busy index answers "is the partition busy" without
+-- visiting finished tasks, and the parked index finds a partition's next task (lowest seq) and
+-- counts parked tasks for stats, without visiting the runnable ones. Neither grows the cost of
+-- claim, promotion or reaping, whose indexes never hold a parked task.
+CREATE INDEX IF NOT EXISTS agentlease_busy
+    ON agentlease_tasks (queue, partition)
+    WHERE partition IS NOT NULL AND state IN ('scheduled', 'queued', 'leased', 'failed');
+CREATE INDEX IF NOT EXISTS agentlease_parked
+    ON agentlease_tasks (queue, partition, seq) WHERE state = 'parked';
 -- Idempotency keys (schema version 2), one row per key. A rowid table, not WITHOUT ROWID: a row
 -- carries a result or error of any size, and SQLite advises WITHOUT ROWID only for small rows.
 -- The token exists only while a holder holds the key (in_flight), and a released key keeps
@@ -104,6 +119,32 @@ CREATE TABLE IF NOT EXISTS agentlease_locks (
 CREATE INDEX IF NOT EXISTS agentlease_locks_expiry
     ON agentlease_locks (expires_at) WHERE owner IS NOT NULL;
 
+-- name: unpark_trigger
+-- Run after the schema, as one statement (its body holds semicolons of its own).
+-- A task of a partition became done or dead (from any other state): if no task of the partition
+-- is still busy, start its oldest parked task, queued, or scheduled if its run_at is still ahead
+-- (finished_at is the statement's clock). It runs inside the statement that finished the task,
+-- so that statement and the unpark are one atomic step.
+CREATE TRIGGER IF NOT EXISTS agentlease_unpark
+AFTER UPDATE OF state ON agentlease_tasks
+WHEN NEW.partition IS NOT NULL AND NEW.state IN ('done', 'dead')
+     AND OLD.state NOT IN ('done', 'dead')
+BEGIN
+    UPDATE agentlease_tasks
+    SET state = CASE WHEN run_at > NEW.finished_at THEN 'scheduled' ELSE 'queued' END
+    WHERE id = (SELECT id FROM agentlease_tasks
+                WHERE queue = NEW.queue AND partition = NEW.partition AND state = 'parked'
+                ORDER BY seq LIMIT 1)
+      AND NOT EXISTS (SELECT 1 FROM agentlease_tasks
+                      WHERE queue = NEW.queue AND partition = NEW.partition
+                        AND state IN ('scheduled', 'queued', 'leased', 'failed'));
+END;
+
+-- name: upgrade_to_4
+-- Run before the schema when a database older than version 4 is opened: the schema's indexes
+-- need the column, and CREATE TABLE IF NOT EXISTS leaves an existing table as it is.
+ALTER TABLE agentlease_tasks ADD COLUMN partition TEXT;
+
 -- name: bump_seq
 INSERT INTO agentlease_queues (name, seq) VALUES (:queue, :count)
 ON CONFLICT (name) DO UPDATE SET seq = seq + :count
@@ -114,6 +155,21 @@ INSERT OR IGNORE INTO agentlease_tasks
     (id, queue, state, priority, seq, payload, dedup_key, max_reclaims, created_at, run_at)
 VALUES
     (:id, :queue, :state, :priority, :seq, :payload, :dedup_key, :max_reclaims, :now, :run_at);
+
+-- name: insert_partitioned
+-- A task with a partition: parked when the partition is busy, which includes a task inserted
+-- earlier in the same transaction (an earlier task of the same enqueue call).
+INSERT OR IGNORE INTO agentlease_tasks
+    (id, queue, state, priority, seq, payload, dedup_key, max_reclaims, created_at, run_at,
+     partition)
+VALUES
+    (:id, :queue,
+     CASE WHEN EXISTS (
+         SELECT 1 FROM agentlease_tasks
+         WHERE queue = :queue AND partition = :partition
+           AND state IN ('scheduled', 'queued', 'leased', 'failed')
+     ) THEN 'parked' ELSE :state END,
+     :priority, :seq, :payload, :dedup_key, :max_reclaims, :now, :run_at, :partition);
 
 -- name: find_existing
 SELECT id FROM agentlease_tasks
@@ -177,7 +233,7 @@ SET state = 'failed', failures = failures + 1, error = :error, run_at = :now + :
 WHERE id = :id AND token = :token AND state = 'leased' AND expires_at > :now
 RETURNING id, queue, state, priority, payload, attempt, reclaims, failures, max_reclaims,
           created_at, run_at, dedup_key, leased_at, expires_at, finished_at, progress, checkpoint,
-          result, error;
+          result, error, partition;
 
 -- name: fail_dead
 UPDATE agentlease_tasks
@@ -186,7 +242,7 @@ SET state = 'dead', failures = failures + 1, error = :error, finished_at = :now,
 WHERE id = :id AND token = :token AND state = 'leased' AND expires_at > :now
 RETURNING id, queue, state, priority, payload, attempt, reclaims, failures, max_reclaims,
           created_at, run_at, dedup_key, leased_at, expires_at, finished_at, progress, checkpoint,
-          result, error;
+          result, error, partition;
 
 -- name: release
 UPDATE agentlease_tasks
@@ -205,7 +261,7 @@ SELECT attempt, state, token, expires_at FROM agentlease_tasks WHERE id = :id;
 -- name: get
 SELECT id, queue, state, priority, payload, attempt, reclaims, failures, max_reclaims,
        created_at, run_at, dedup_key, leased_at, expires_at, finished_at, progress, checkpoint,
-       result, error
+       result, error, partition
 FROM agentlease_tasks WHERE id = :id;
 
 -- name: queue_exists
@@ -220,6 +276,13 @@ SELECT state, count(*) FROM agentlease_tasks WHERE queue = :queue GROUP BY state
 -- name: oldest_queued
 SELECT min(created_at) FROM agentlease_tasks WHERE queue = :queue AND state = 'queued';
 
+-- name: hot_partitions
+-- The five partitions with the most parked tasks, most first, ties by name (through the parked
+-- index: only parked tasks are visited).
+SELECT partition, count(*) AS n FROM agentlease_tasks
+WHERE queue = :queue AND state = 'parked'
+GROUP BY partition ORDER BY n DESC, partition LIMIT 5;
+
 -- name: inspect
 SELECT id, attempt, leased_at, expires_at, reclaims, failures FROM agentlease_tasks
 WHERE queue = :queue AND state = 'leased' AND expires_at > :now
@@ -228,16 +291,22 @@ ORDER BY expires_at, id LIMIT :limit;
 -- name: dead
 SELECT id, queue, state, priority, payload, attempt, reclaims, failures, max_reclaims,
        created_at, run_at, dedup_key, leased_at, expires_at, finished_at, progress, checkpoint,
-       result, error
+       result, error, partition
 FROM agentlease_tasks WHERE queue = :queue AND state = 'dead'
 ORDER BY finished_at DESC, id LIMIT :limit;
 
 -- name: dead_ids
-SELECT id, seq FROM agentlease_tasks WHERE queue = :queue AND state = 'dead';
+SELECT id, seq FROM agentlease_tasks WHERE queue = :queue AND state = 'dead' ORDER BY seq;
 
 -- name: requeue_dead
+-- Parked when its partition is busy (a task requeued earlier in the same transaction counts).
 UPDATE agentlease_tasks
-SET state = 'queued', reclaims = 0, failures = 0, finished_at = NULL, seq = :seq
+SET state = CASE WHEN partition IS NOT NULL AND EXISTS (
+        SELECT 1 FROM agentlease_tasks b
+        WHERE b.queue = agentlease_tasks.queue AND b.partition = agentlease_tasks.partition
+          AND b.state IN ('scheduled', 'queued', 'leased', 'failed')
+    ) THEN 'parked' ELSE 'queued' END,
+    reclaims = 0, failures = 0, finished_at = NULL, seq = :seq, run_at = :now
 WHERE id = :id AND state = 'dead';
 
 -- name: key_row
