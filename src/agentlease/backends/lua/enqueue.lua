@@ -5,8 +5,9 @@
 -- task is created unless its id already exists here or its dedup key is taken here; an id whose
 -- reservation was never followed by its task (the caller crashed in between) is simply created.
 --
--- helpers: clock save member
--- KEYS: 1 tasks, 2 payloads, 3 counters (the sequence), 4 ready, 5 waiting, 6 age, 7 dedup keys
+-- helpers: clock save member lower_wake
+-- KEYS: 1 tasks, 2 payloads, 3 counters (the sequence, claim's wake time), 4 ready, 5 waiting,
+--       6 age, 7 dedup keys
 -- ARGV: 1 request nonce (a retry of this same request reports the tasks it created as created),
 --       2 number of tasks, then 6 values per task:
 --       id, payload JSON, priority, delay in seconds, dedup key ('' for none), max_reclaims
@@ -18,6 +19,7 @@ local now = clock()
 local out = {}
 local made = {}  -- ids this run created (or, on a retry, had created)
 local seq = nil
+local soonest = nil  -- the earliest run_at of the delayed tasks created
 
 for i = 0, count - 1 do
   local b = 3 + i * 6
@@ -44,11 +46,16 @@ for i = 0, count - 1 do
     local priority, delay = tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
     local dedup = false
     if key ~= '' then dedup = key end
-    local rec = {QUEUED, priority, seq, 0, 0, 0, 0, tonumber(ARGV[b + 5]), now, now + delay,
-                 false, false, false, false, false, false, false, nonce, dedup, false, false}
+    -- In the record's order (see _lib.lua): state, attempt, token, expires_at, request nonce,
+    -- finished_at, leased_at, deadline, progress timeout, last progress, priority, failures,
+    -- reclaims, checkpoint saved, payload, sequence, front, max_reclaims, created_at, run_at,
+    -- dedup key.
+    local rec = {QUEUED, 0, false, false, nonce, false, false, false, false, false, priority, 0,
+                 0, false, false, seq, 0, tonumber(ARGV[b + 5]), now, now + delay, dedup}
     if delay > 0 then
       rec[F_STATE] = SCHEDULED
       redis.call('ZADD', K.waiting, now + delay, id)
+      if not soonest or now + delay < soonest then soonest = now + delay end
     else
       redis.call('ZADD', K.ready, 0, member(rec, id))
       redis.call('ZADD', K.age, now, id)
@@ -65,4 +72,5 @@ for i = 0, count - 1 do
     out[#out + 1] = id
   end
 end
+if soonest then lower_wake(K.counters, soonest) end
 return out

@@ -2,7 +2,7 @@
 -- fail: record a raised error on a leased task, fenced, in one atomic step: wait for a retry
 -- after retry_in seconds (state failed), or dead-letter it (state dead).
 --
--- helpers: clock fence save task_reply
+-- helpers: clock fence save task_reply lower_wake
 -- KEYS: 1 tasks, 2 payloads, 3 results, 4 progress, 5 checkpoints, 6 errors, 7 counters,
 --       8 leases, 9 waiting, 10 dead
 -- ARGV: 1 task id, 2 token, 3 request nonce, 4 error JSON, 5 retry_in seconds ('' to dead-letter)
@@ -30,6 +30,7 @@ if retry_in then
   rec[F_STATE] = FAILED
   rec[F_RUNAT] = now + retry_in
   redis.call('ZADD', waiting, rec[F_RUNAT], id)
+  lower_wake(counters, rec[F_RUNAT])
   redis.call('HINCRBY', counters, 'failed', 1)
 else
   rec[F_STATE] = DEAD
