@@ -22,13 +22,15 @@ on one Redis Cluster shard and every script is given all the keys it touches:
 ``{p:q}:e``                 hash: task id -> last error JSON, when set
 ``{p:q}:n``                 hash: the sequence counter, the count of failed tasks (the
                             other counts are sizes of hashes and ZSETs: ``stats`` is O(1)),
-                            and ``wake``: a time no later than any score of ``:w`` and ``:l``,
-                            before which claim need not search them
+                            and ``wake``: a time no later than any score of ``:w`` and any
+                            lease's in ``:l``, before which claim need not search them
 ``{p:q}:q``                 zset, score 0: queued tasks, ordered by member (priority, front,
                             sequence, id); claim pops with ZPOPMIN
 ``{p:q}:w``                 zset by run_at: scheduled and retry-waiting tasks
-``{p:q}:l``                 zset by expires_at: leased tasks (the reaper reads only the expired)
-``{p:q}:a``                 zset by created_at: queued tasks (the oldest queued age)
+``{p:q}:l``                 zset, the index: leased tasks by expires_at (the reaper reads
+                            only the expired: scores in (0, now]) and queued tasks by minus
+                            their created_at (the oldest queued age is the highest negative
+                            score); claim moves a task from one to the other with one ZADD
 ``{p:q}:d``                 zset by finished_at: dead letters
 ``{p:q}:k``                 hash: dedup key -> task id
 ``p:ids``                   hash: task id -> queue (ids are unique across queues)
@@ -36,7 +38,7 @@ on one Redis Cluster shard and every script is given all the keys it touches:
 =========================== ================================================================
 
 A queued task with a small payload costs about 500 bytes of Redis memory in all (its record,
-its members of the ready and age ZSETs, and its entry in the id index).
+its members of the ready ZSET and the index, and its entry in the id index).
 """
 
 from __future__ import annotations
@@ -207,20 +209,20 @@ class QueueKeys:
 def queue_keys(prefix: str, queue: str) -> QueueKeys:
     """The keys of ``queue`` under ``prefix`` (all with the hash tag ``{prefix:queue}``)."""
     tag = f"{{{prefix}:{queue}}}:"
-    t, p, r, g, c, e, n, q, w, lk, a, d, k = (tag + s for s in "tprgcenqwladk")
+    t, p, r, g, c, e, n, q, w, i, d, k = (tag + s for s in "tprgcenqwldk")
     return QueueKeys(
-        enqueue=(t, p, n, q, w, a, k),
-        claim=(t, p, c, e, n, q, w, lk, a, d),
-        extend=(t, n, lk),
-        complete=(t, r, lk),
-        fail=(t, p, r, g, c, e, n, lk, w, d),
-        release=(t, n, lk, q, a),
+        enqueue=(t, p, n, q, w, i, k),
+        claim=(t, p, c, e, n, q, w, i, d),
+        extend=(t, n, i),
+        complete=(t, r, i),
+        fail=(t, p, r, g, c, e, n, i, w, d),
+        release=(t, n, i, q),
         progress=(t, g, c),
-        reap=(t, e, n, q, lk, a, d),
-        requeue_dead=(t, n, q, a, d),
+        reap=(t, e, n, q, i, d),
+        requeue_dead=(t, n, q, i, d),
         get=(t, p, r, g, c, e),
-        stats=(t, n, q, w, lk, d, a),
-        inspect=(t, n, lk),
+        stats=(t, n, q, w, i, d),
+        inspect=(t, n, i),
         dead=(t, p, r, g, c, e, n, d),
     )
 

@@ -19,6 +19,11 @@
 -- decode only the head of a record (cmsgpack.unpack_limit) and write it back with the bytes of
 -- the rest unchanged (save_head), instead of decoding and encoding all 21 values.
 --
+-- The queue's index ZSET {prefix:queue}:l holds every leased task, scored by its expires_at, and
+-- every queued task, scored by minus its created_at: expired leases are the scores in (0, now],
+-- the oldest queued task is the highest negative score, and a claim moves a task from one to
+-- the other with one ZADD (scores are exact doubles, and negating one is exact).
+--
 -- Times are seconds on the store's clock (TIME). They are stored as doubles inside the record and
 -- as ZSET scores, both exact; they leave a script as strings made by fmt() (or as TIME's two
 -- integers, or as '%.17g' strings, which are exact), because a Lua number returned to Redis is
@@ -105,11 +110,11 @@ local function expiry(now, lease_for, deadline, progressed, ptimeout)
 end
 
 -- @helper lower_wake:
--- The counters hash keeps 'wake': a time no later than any score in the waiting and leases
--- ZSETs, so that claim can skip searching both for due tasks and expired leases until the clock
--- reaches it (when it is absent, claim searches, and sets it). A script that adds a score to
--- either ZSET lowers 'wake' to it when it is earlier; removing a score may leave 'wake' early,
--- which costs one needless search, never a missed task.
+-- The counters hash keeps 'wake': a time no later than any score in the waiting ZSET and any
+-- positive score (a lease's expiry) in the index, so that claim can skip searching both for due
+-- tasks and expired leases until the clock reaches it (when it is absent, claim searches, and
+-- sets it). A script that adds such a score lowers 'wake' to it when it is earlier; removing a
+-- score may leave 'wake' early, which costs one needless search, never a missed task.
 local function lower_wake(counters, t)
   local wake = redis.call('HGET', counters, 'wake')
   if wake and t < tonumber(wake) then redis.call('HSET', counters, 'wake', t) end
@@ -118,7 +123,8 @@ end
 -- @helper make_ready: member
 -- Put a task back in the ready set: to the front of its priority (keeping its sequence number, so
 -- tasks sent to the front keep their order) or behind everything (a fresh sequence number).
-local function make_ready(rec, id, front, counters, ready, age)
+-- Its index entry, if it had one (a lease), is replaced by minus its created_at.
+local function make_ready(rec, id, front, counters, ready, index)
   rec[F_STATE] = QUEUED
   if front then
     rec[F_FRONT] = 1
@@ -127,7 +133,7 @@ local function make_ready(rec, id, front, counters, ready, age)
     rec[F_SEQ] = redis.call('HINCRBY', counters, 'seq', 1)
   end
   redis.call('ZADD', ready, 0, member(rec, id))
-  redis.call('ZADD', age, rec[F_CREATED], id)
+  redis.call('ZADD', index, -rec[F_CREATED], id)
 end
 
 -- @helper refusal:
@@ -161,9 +167,10 @@ end
 
 -- @helper reap: load save zrem make_ready
 -- Requeue (or dead-letter, past max_reclaims) the expired leases ids (read by the caller from
--- the leases ZSET, oldest expiry first, at most a cap of them). Appends id, attempt, outcome to
--- out for each. K holds the keys: tasks, errors, counters, ready, leases, age, dead.
+-- the index, oldest expiry first, at most a cap of them). Appends id, attempt, outcome to out
+-- for each. K holds the keys: tasks, errors, counters, ready, index, dead.
 local function reap(K, ids, now, front, out)
+  zrem(K.index, ids)  -- first: a requeued task comes back into the index as a queued one
   for _, id in ipairs(ids) do
     local rec = load(K.tasks, id)
     if rec and rec[F_STATE] == LEASED then
@@ -181,7 +188,7 @@ local function reap(K, ids, now, front, out)
         redis.call('ZADD', K.dead, now, id)
       else
         outcome = 'requeued'
-        make_ready(rec, id, front, K.counters, K.ready, K.age)
+        make_ready(rec, id, front, K.counters, K.ready, K.index)
       end
       save(K.tasks, id, rec)
       out[#out + 1] = id
@@ -189,7 +196,6 @@ local function reap(K, ids, now, front, out)
       out[#out + 1] = outcome
     end
   end
-  zrem(K.leases, ids)
 end
 
 -- @helper payload:

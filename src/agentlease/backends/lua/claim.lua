@@ -7,13 +7,14 @@
 -- each with the token the caller drew for it, attempt + 1, and an expiry on the store's clock.
 --
 -- Both searches are skipped while the clock is before the counters' 'wake' time, a lower bound
--- of every score in waiting and leases (see the lower_wake helper): a claim with nothing due
--- reads one hash field instead of searching two ZSETs. A claim that searches sets 'wake' again
--- from the two ZSETs' first scores, and every claim lowers it to the expiry it grants.
+-- of the scores of waiting and of the leases in the index (see the lower_wake helper): a claim
+-- with nothing due reads one hash field instead of searching two ZSETs. A claim that searches
+-- sets 'wake' again from the first of those scores, and every claim lowers it to the expiry it
+-- grants. A leased task's index entry takes the place of its queued one (see _lib.lua).
 --
--- helpers: clock save_head zrem
+-- helpers: clock save_head
 -- KEYS: 1 tasks, 2 payloads, 3 checkpoints, 4 errors, 5 counters, 6 ready, 7 waiting,
---       8 leases, 9 age, 10 dead
+--       8 index, 9 dead
 -- ARGV: 1 the terms, separated by single spaces: n, lease_for seconds, max_total seconds,
 --       progress_timeout seconds ('-' for none), reap to the front (1) or the back (0), cap on
 --       promotions and on reaps; 2 n tokens of 32 characters, concatenated
@@ -23,7 +24,7 @@
 --          priority, failures, reclaims (the j-th job holds the j-th token); reaped flat, 3
 --          values each: id, attempt, 'requeued' | 'dead'.
 local tasks, payloads, checkpoints, counters = KEYS[1], KEYS[2], KEYS[3], KEYS[5]
-local ready, waiting, leases, age = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
+local ready, waiting, index = KEYS[6], KEYS[7], KEYS[8]
 local n, lease_for, max_total, ptimeout, front, cap =
   string.match(ARGV[1], '^(%d+) (%S+) (%S+) (%S+) ([01]) (%d+)$')
 local tokens = ARGV[2]
@@ -33,7 +34,7 @@ local stored = redis.call('HGET', counters, 'wake')
 local wake = stored and tonumber(stored)
 local woke = not wake or now >= wake
 if woke then
-  -- helpers here: load save member reap
+  -- helpers here: load save member zrem reap
   -- Promote due waiting tasks (every member of waiting is scheduled or failed).
   local due = redis.call('ZRANGEBYSCORE', waiting, '-inf', now, 'LIMIT', 0, cap)
   if #due > 0 then
@@ -44,25 +45,24 @@ if woke then
         if rec[F_STATE] == FAILED then failed = failed + 1 end
         rec[F_STATE] = QUEUED
         redis.call('ZADD', ready, 0, member(rec, id))
-        redis.call('ZADD', age, rec[F_CREATED], id)
+        redis.call('ZADD', index, -rec[F_CREATED], id)
         save(tasks, id, rec)
       end
     end
     zrem(waiting, due)
     if failed > 0 then redis.call('HINCRBY', counters, 'failed', -failed) end
   end
-  local expired = redis.call('ZRANGEBYSCORE', leases, '-inf', now, 'LIMIT', 0, cap)
+  local expired = redis.call('ZRANGEBYSCORE', index, '(0', now, 'LIMIT', 0, cap)
   if #expired > 0 then
-    reap({tasks = tasks, errors = KEYS[4], counters = counters, ready = ready, leases = leases,
-          age = age, dead = KEYS[10]}, expired, now, front == '1', reaped)
+    reap({tasks = tasks, errors = KEYS[4], counters = counters, ready = ready, index = index,
+          dead = KEYS[9]}, expired, now, front == '1', reaped)
   end
-  -- Nothing left is due before the first score of either ZSET (which is now or earlier when a
+  -- Nothing left is due before the first of those scores (which is now or earlier when a
   -- search stopped at cap, so that the next claim searches again).
   wake = math.huge
-  for _, key in ipairs({waiting, leases}) do
-    local head = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')[2]
-    if head then wake = math.min(wake, tonumber(head)) end
-  end
+  local heads = {redis.call('ZRANGE', waiting, 0, 0, 'WITHSCORES')[2],
+                 redis.call('ZRANGEBYSCORE', index, '(0', '+inf', 'WITHSCORES', 'LIMIT', 0, 1)[2]}
+  for _, head in pairs(heads) do wake = math.min(wake, tonumber(head)) end
 end
 
 local jobs = {}
@@ -82,9 +82,8 @@ if ptimeout then expires = math.min(expires, now + ptimeout) end
 if woke or expires < wake then
   redis.call('HSET', counters, 'wake', math.min(wake, expires))
 end
--- One exact string serves as the leases' score and as the reply.
+-- One exact string serves as the leases' score in the index and as the reply.
 local expires_s = string.format('%.17g', expires)
-local picked = {}
 for i = 1, #popped, 2 do
   local id = string.sub(popped[i], 26)
   local raw = redis.call('HGET', tasks, id)
@@ -96,8 +95,7 @@ for i = 1, #popped, 2 do
   attempt = attempt + 1
   save_head(tasks, id, raw, off, LEASED, attempt, string.sub(tokens, j * 32 - 31, j * 32),
             expires, req, finished, now, deadline, ptimeout, now)
-  redis.call('ZADD', leases, expires_s, id)
-  picked[j] = id
+  redis.call('ZADD', index, expires_s, id)
   local checkpoint = false
   if checkpointed then checkpoint = redis.call('HGET', checkpoints, id) end
   local b = #jobs
@@ -109,5 +107,4 @@ for i = 1, #popped, 2 do
   jobs[b + 6] = failures
   jobs[b + 7] = reclaims
 end
-zrem(age, picked)
 return {time[1], time[2], expires_s, jobs, reaped}

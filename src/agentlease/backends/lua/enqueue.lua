@@ -7,13 +7,13 @@
 --
 -- helpers: clock save member lower_wake
 -- KEYS: 1 tasks, 2 payloads, 3 counters (the sequence, claim's wake time), 4 ready, 5 waiting,
---       6 age, 7 dedup keys
+--       6 index (leases by expiry, queued tasks), 7 dedup keys
 -- ARGV: 1 request nonce (a retry of this same request reports the tasks it created as created),
 --       2 number of tasks, then 6 values per task:
 --       id, payload JSON, priority, delay in seconds, dedup key ('' for none), max_reclaims
 -- Returns: {created, id, created, id, ...}: created is 1 or 0, id is the created or existing task.
 local K = {tasks = KEYS[1], payloads = KEYS[2], counters = KEYS[3], ready = KEYS[4],
-           waiting = KEYS[5], age = KEYS[6], dedup = KEYS[7]}
+           waiting = KEYS[5], index = KEYS[6], dedup = KEYS[7]}
 local nonce, count = ARGV[1], tonumber(ARGV[2])
 local now = clock()
 local out = {}
@@ -58,7 +58,7 @@ for i = 0, count - 1 do
       if not soonest or now + delay < soonest then soonest = now + delay end
     else
       redis.call('ZADD', K.ready, 0, member(rec, id))
-      redis.call('ZADD', K.age, now, id)
+      redis.call('ZADD', K.index, -now, id)
     end
     if #payload <= INLINE then
       rec[F_PAYLOAD] = payload

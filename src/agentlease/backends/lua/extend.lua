@@ -6,10 +6,10 @@
 -- and, if the queue has a progress timeout, by the last progress + that timeout.
 --
 -- helpers: clock fmt save_head expiry lower_wake
--- KEYS: 1 tasks, 2 counters (claim's wake time), 3 leases
+-- KEYS: 1 tasks, 2 counters (claim's wake time), 3 index (leases by expiry, queued tasks)
 -- ARGV: 1 lease_for seconds, then 2 values per lease: task id, token
 -- Returns: one value per lease, in order: the new expires_at as a string, or nil if not held.
-local tasks, counters, leases = KEYS[1], KEYS[2], KEYS[3]
+local tasks, counters, index = KEYS[1], KEYS[2], KEYS[3]
 local lease_for = tonumber(ARGV[1])
 local now = clock()
 local out = {}
@@ -24,7 +24,7 @@ for i = 2, #ARGV, 2 do
     local e = expiry(now, lease_for, deadline, progressed, ptimeout)
     if e ~= expires then
       save_head(tasks, id, raw, off, state, attempt, held, e)
-      redis.call('ZADD', leases, e, id)
+      redis.call('ZADD', index, e, id)
       if not soonest or e < soonest then soonest = e end
     end
     out[#out + 1] = fmt(e)
