@@ -49,11 +49,13 @@ from agentlease.backends._sync.redis_keys import RedisKeys
 from agentlease.backends._sync.redis_link import Call, Client, RedisLink
 from agentlease.backends._sync.redis_state import RedisState
 from agentlease.backends.lua import (
+    claim_terms,
     enqueued_from,
     jobs_from,
     lease_infos_from,
     queue_keys,
     reaped_from,
+    store_time,
     task_from,
 )
 from agentlease.errors import LeaseLost, UnknownQueue, UnknownTask
@@ -169,22 +171,15 @@ class RedisBackend(RedisKeys, RedisState):
         return [e for e in out if e is not None]
 
     def claim(self, queue: str, n: int, terms: LeaseTerms) -> tuple[list[Job], list[Reaped]]:
-        timeout = terms.progress_timeout
-        now, jobs, reaped = self._link.script(
+        tokens = os.urandom(16 * n).hex()
+        seconds, micros, expires, jobs, reaped = self._link.script(
             "claim",
             queue_keys(self._prefix, queue).claim,
-            (
-                n,
-                terms.lease_for,
-                terms.max_total,
-                "" if timeout is None else timeout,
-                _flag(terms.reap_front),
-                os.urandom(16 * n).hex(),
-                CAP,
-            ),
+            (claim_terms(n, terms, CAP), tokens),
             retry=False,
         )
-        return jobs_from(queue, float(now), jobs), reaped_from(queue, reaped)
+        now = store_time(seconds, micros)
+        return jobs_from(queue, now, expires, tokens, jobs), reaped_from(queue, reaped)
 
     def extend(self, leases: Sequence[Lease], lease_for: float) -> list[Lease | None]:
         groups: dict[str, list[int]] = {}

@@ -4,9 +4,13 @@ One ``.lua`` file per primitive, each with a header listing its KEYS, ARGV and r
 read here with :mod:`importlib.resources`. ``_lib.lua`` holds what they share (the task record's
 layout, the store's clock, the lease arithmetic, fencing, reaping), ``_keys.lua`` what the
 idempotency-key scripts share (the key record's layout, its fencing) and ``_state.lua`` what the
-shared-state scripts share (the layouts of records and locks, who holds a lock); each script gets
-the helpers its ``-- helpers:`` line names, prepended after its ``#!lua`` line. Scripts are called
-by SHA and loaded again on NOSCRIPT (after a restart, a failover or ``SCRIPT FLUSH``); see
+shared-state scripts share (the layouts of records and locks, who holds a lock). Each script gets
+the helpers its ``-- helpers:`` line names, prepended after its ``#!lua`` line, and those a
+``-- helpers here:`` line names inside a rare branch, defined in that branch. The task record's
+field positions (``F_STATE`` ...) are written into the text as numbers. Every call of a script
+makes its helpers' closures anew, and a closure that used a local constant would capture it as
+an upvalue: both are cost on every claim and completion. Scripts are called by SHA and loaded
+again on NOSCRIPT (after a restart, a failover or ``SCRIPT FLUSH``); see
 ``_async/redis_link.py``.
 
 Key layout. Every key of one queue carries the hash tag ``{<prefix>:<queue>}``, so a queue lives
@@ -14,17 +18,22 @@ on one Redis Cluster shard and every script is given all the keys it touches:
 
 =========================== ================================================================
 ``{p:q}:t``                 hash: task id -> the task's record (MessagePack array, ~70-130 B
-                            plus the payload when it is 200 bytes or less)
+                            plus the payload when it is 200 bytes or less; what claim,
+                            extend and complete change comes first, see ``_lib.lua``)
 ``{p:q}:p``                 hash: task id -> payload JSON, when it is longer
 ``{p:q}:r`` ``:g`` ``:c``   hashes: task id -> result / progress / checkpoint JSON, when set
 ``{p:q}:e``                 hash: task id -> last error JSON, when set
-``{p:q}:n``                 hash: the sequence counter and the count of failed tasks (the
-                            other counts are sizes of hashes and ZSETs: ``stats`` is O(1))
+``{p:q}:n``                 hash: the sequence counter, the count of failed tasks (the
+                            other counts are sizes of hashes and ZSETs: ``stats`` is O(1)),
+                            and ``wake``: a time no later than any score of ``:w`` and any
+                            lease's in ``:l``, before which claim need not search them
 ``{p:q}:q``                 zset, score 0: queued tasks, ordered by member (priority, front,
                             sequence, id); claim pops with ZPOPMIN
 ``{p:q}:w``                 zset by run_at: scheduled and retry-waiting tasks
-``{p:q}:l``                 zset by expires_at: leased tasks (the reaper reads only the expired)
-``{p:q}:a``                 zset by created_at: queued tasks (the oldest queued age)
+``{p:q}:l``                 zset, the index: leased tasks by expires_at (the reaper reads
+                            only the expired: scores in (0, now]) and queued tasks by minus
+                            their created_at (the oldest queued age is the highest negative
+                            score); claim moves a task from one to the other with one ZADD
 ``{p:q}:d``                 zset by finished_at: dead letters
 ``{p:q}:k``                 hash: dedup key -> task id
 ``p:ids``                   hash: task id -> queue (ids are unique across queues)
@@ -48,7 +57,7 @@ on one Redis Cluster shard and every script is given all the keys it touches:
 =========================== ================================================================
 
 A queued task with a small payload costs about 500 bytes of Redis memory in all (its record,
-its members of the ready and age ZSETs, and its entry in the id index).
+its members of the ready ZSET and the index, and its entry in the id index).
 """
 
 from __future__ import annotations
@@ -58,6 +67,7 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
+from importlib.resources.abc import Traversable
 from typing import Any
 
 from agentlease._records import (
@@ -68,6 +78,7 @@ from agentlease._records import (
     KeyState,
     Lease,
     LeaseInfo,
+    LeaseTerms,
     Reaped,
     StateRecord,
     Task,
@@ -79,6 +90,7 @@ __all__ = [
     "LockKeys",
     "QueueKeys",
     "Script",
+    "claim_terms",
     "counter_key",
     "enqueued_from",
     "jobs_from",
@@ -91,6 +103,7 @@ __all__ = [
     "reaped_from",
     "record_hash",
     "state_record_from",
+    "store_time",
     "task_from",
 ]
 
@@ -137,6 +150,7 @@ class Script:
 
 _HELPER = re.compile(r"^-- @helper (\w+):(.*)$", re.MULTILINE)
 _USES = re.compile(r"^-- helpers:(.*)$", re.MULTILINE)
+_HERE = re.compile(r"^[ \t]*-- helpers here:(.*)$", re.MULTILINE)
 
 
 def _helpers(lib: str) -> dict[str, tuple[list[str], str]]:
@@ -148,25 +162,69 @@ def _helpers(lib: str) -> dict[str, tuple[list[str], str]]:
     }
 
 
-def _prelude(helpers: dict[str, tuple[list[str], str]], wanted: list[str]) -> str:
-    """The constants and the helpers ``wanted`` (with what they need), in file order."""
-    needed = {"constants"}
+def _needed(helpers: dict[str, tuple[list[str], str]], wanted: list[str]) -> set[str]:
+    """The helpers ``wanted`` and those they need."""
+    needed: set[str] = set()
     stack = list(wanted)
     while stack:
         name = stack.pop()
         if name not in helpers:
-            raise RuntimeError(f"_lib.lua has no helper {name!r}")
+            raise RuntimeError(f"no helper {name!r} in {', '.join(LIBS)}")
         if name not in needed:
             needed.add(name)
             stack.extend(helpers[name][0])
-    return "".join(text for name, (_, text) in helpers.items() if name in needed)
+    return needed
 
 
-def _load() -> dict[str, Script]:
-    files = resources.files(__name__)
+def _text(helpers: dict[str, tuple[list[str], str]], names: set[str]) -> str:
+    """The text of the helpers ``names``, in file order."""
+    return "".join(text for name, (_, text) in helpers.items() if name in names)
+
+
+_FIELDS = re.compile(r"^local (F_\w+(?:, F_\w+)*) = (\d+(?:, \d+)*)\n", re.MULTILINE)
+_NAME = re.compile(r"\bF_\w+")
+
+
+def _fields(helpers: dict[str, tuple[list[str], str]]) -> dict[str, str]:
+    """The record's field positions, by name, taken out of the ``constants`` section.
+
+    Scripts get them as numbers (see :func:`_inline`), not as locals: a helper that used a local
+    would capture it as an upvalue, which Lua makes anew at every call of the script.
+    """
+    deps, text = helpers["constants"]
+    positions: dict[str, str] = {}
+    for names, values in _FIELDS.findall(text):
+        positions.update(zip(names.split(", "), values.split(", "), strict=True))
+    helpers["constants"] = (deps, _FIELDS.sub("", text))
+    return positions
+
+
+def _inline(text: str, positions: dict[str, str], name: str) -> str:
+    """``text`` with every field name in ``positions`` written as its number."""
+    for declared in re.findall(r"^\s*local ([\w, ]+)=", text, re.MULTILINE):
+        for word in declared.replace(",", " ").split():
+            if word in positions:
+                raise RuntimeError(f"{name}.lua declares {word}, a field position of _lib.lua")
+    return _NAME.sub(lambda m: positions.get(m.group(0), m.group(0)), text)
+
+
+def _branches(helpers: dict[str, tuple[list[str], str]], top: set[str], body: str) -> str:
+    """``body`` with each "-- helpers here:" line (in a branch) replaced by the helpers it names
+    and what they need beyond ``top``: calls that skip the branch never make their closures."""
+
+    def here(m: re.Match[str]) -> str:
+        return _text(helpers, _needed(helpers, m[1].split()) - top)
+
+    return _HERE.sub(here, body)
+
+
+def _load(files: Traversable | None = None) -> dict[str, Script]:
+    """Every script of :data:`NAMES`, from this package's files (or those of ``files``)."""
+    files = files or resources.files(__name__)
     helpers: dict[str, tuple[list[str], str]] = {}
     for lib in LIBS:
         helpers |= _helpers(files.joinpath(lib).read_text(encoding="utf-8"))
+    positions = _fields(helpers)
     scripts = {}
     for name in NAMES:
         body = files.joinpath(f"{name}.lua").read_text(encoding="utf-8")
@@ -174,8 +232,10 @@ def _load() -> dict[str, Script]:
         uses = _USES.search(rest)
         if not shebang.startswith("#!lua") or uses is None:
             raise RuntimeError(f"{name}.lua must start with #!lua and name its helpers")
-        prelude = _prelude(helpers, uses.group(1).split())
-        text = f"{shebang}\n{prelude}-- {name}.lua\n{rest}".encode()
+        top = _needed(helpers, ["constants", *uses.group(1).split()])
+        code = f"{_text(helpers, top)}-- {name}.lua\n{_branches(helpers, top, rest)}"
+        code = _inline(code, positions, name)
+        text = f"{shebang}\n{code}".encode()
         scripts[name] = Script(name, text, hashlib.sha1(text).hexdigest())
     return scripts
 
@@ -206,22 +266,31 @@ class QueueKeys:
 def queue_keys(prefix: str, queue: str) -> QueueKeys:
     """The keys of ``queue`` under ``prefix`` (all with the hash tag ``{prefix:queue}``)."""
     tag = f"{{{prefix}:{queue}}}:"
-    t, p, r, g, c, e, n, q, w, lk, a, d, k = (tag + s for s in "tprgcenqwladk")
+    t, p, r, g, c, e, n, q, w, i, d, k = (tag + s for s in "tprgcenqwldk")
     return QueueKeys(
-        enqueue=(t, p, n, q, w, a, k),
-        claim=(t, p, c, e, n, q, w, lk, a, d),
-        extend=(t, lk),
-        complete=(t, r, lk),
-        fail=(t, p, r, g, c, e, n, lk, w, d),
-        release=(t, n, lk, q, a),
+        enqueue=(t, p, n, q, w, i, k),
+        claim=(t, p, c, e, n, q, w, i, d),
+        extend=(t, n, i),
+        complete=(t, r, i),
+        fail=(t, p, r, g, c, e, n, i, w, d),
+        release=(t, n, i, q),
         progress=(t, g, c),
-        reap=(t, e, n, q, lk, a, d),
-        requeue_dead=(t, n, q, a, d),
+        reap=(t, e, n, q, i, d),
+        requeue_dead=(t, n, q, i, d),
         get=(t, p, r, g, c, e),
-        stats=(t, n, q, w, lk, d, a),
-        inspect=(t, n, lk),
+        stats=(t, n, q, w, i, d),
+        inspect=(t, n, i),
         dead=(t, p, r, g, c, e, n, d),
     )
+
+
+@lru_cache(maxsize=1024)
+def claim_terms(n: int, terms: LeaseTerms, cap: int) -> str:
+    """``claim.lua``'s first argument: the claim's terms in one string (one argument instead of
+    six is less for the client to send and for the script to receive)."""
+    timeout = "-" if terms.progress_timeout is None else repr(float(terms.progress_timeout))
+    front = "1" if terms.reap_front else "0"
+    return f"{n} {float(terms.lease_for)!r} {float(terms.max_total)!r} {timeout} {front} {cap}"
 
 
 # -- replies --------------------------------------------------------------------------------------
@@ -266,18 +335,29 @@ def task_from(queue: str, v: list[Any]) -> Task:
     )
 
 
-def jobs_from(queue: str, now: float, v: list[Any]) -> list[Job]:
-    """The jobs of a claim, from the flat list in ``claim.lua``'s reply."""
+def store_time(seconds: bytes, micros: bytes) -> float:
+    """The store's time from TIME's two integers: the very double a script computes from them."""
+    return int(seconds) + int(micros) / 1_000_000
+
+
+def jobs_from(
+    queue: str, now: float, expires: bytes | None, tokens: str, v: list[Any]
+) -> list[Job]:
+    """The jobs of a claim, from ``claim.lua``'s reply: their expiry and the flat list of jobs.
+    The j-th job is leased with the j-th 32-character token of the ``tokens`` the claim sent."""
+    if expires is None:
+        return []
+    expires_at = float(expires)
     return [
         Job(
-            Lease(v[i].decode(), queue, v[i + 1].decode(), v[i + 2], now, float(v[i + 3])),
+            Lease(v[i].decode(), queue, tokens[32 * j : 32 * j + 32], v[i + 1], now, expires_at),
+            v[i + 2],
+            v[i + 3],
             v[i + 4],
             v[i + 5],
             v[i + 6],
-            v[i + 7],
-            v[i + 8],
         )
-        for i in range(0, len(v), 9)
+        for j, i in enumerate(range(0, len(v), 7))
     ]
 
 

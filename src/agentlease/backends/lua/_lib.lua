@@ -3,35 +3,54 @@
 -- Each "-- @helper name: dependencies" section is one helper; a script names the helpers it
 -- calls in a "-- helpers:" line of its header and gets those (and their dependencies) only, so
 -- that no call pays for closures it never uses. The "-- @helper constants" section goes first
--- into every script.
+-- into every script. Helpers that only a rare branch calls can be named in a "-- helpers here:"
+-- line inside that branch instead: they are defined there, so the calls that skip the branch
+-- do not make them (every call of a script makes its closures anew).
 --
 -- A task is one field of the queue's hash {prefix:queue}:t, its value a MessagePack array, the
--- record: state, priority, sequence number, sent-to-front flag, attempt (the fencing number),
--- reclaims, failures, max_reclaims, created_at, run_at, leased_at, expires_at, the lease's total
--- deadline, progress timeout and last progress, finished_at, token, the nonce of the last write
--- request, dedup key, whether a checkpoint is saved, and the payload when it is small. Bigger
--- values live in their own hashes of the queue (payloads, results, progress, checkpoints,
+-- record: state, attempt (the fencing number), token, expires_at, the nonce of the last write
+-- request, finished_at, leased_at, the lease's total deadline, progress timeout and last
+-- progress, priority, failures, reclaims, whether a checkpoint is saved, the payload when it is
+-- small, sequence number, sent-to-front flag, max_reclaims, created_at, run_at and dedup key.
+-- Bigger values live in their own hashes of the queue (payloads, results, progress, checkpoints,
 -- errors), so that a claim or a heartbeat never rewrites them.
 --
+-- The order serves the hot paths: what complete, extend and claim change comes first, so they
+-- decode only the head of a record (cmsgpack.unpack_limit) and write it back with the bytes of
+-- the rest unchanged (save_head), instead of decoding and encoding all 21 values.
+--
+-- The queue's index ZSET {prefix:queue}:l holds every leased task, scored by its expires_at, and
+-- every queued task, scored by minus its created_at: expired leases are the scores in (0, now],
+-- the oldest queued task is the highest negative score, and a claim moves a task from one to
+-- the other with one ZADD (scores are exact doubles, and negating one is exact).
+--
 -- Times are seconds on the store's clock (TIME). They are stored as doubles inside the record and
--- as ZSET scores, both exact; they leave a script as strings made by fmt(), because a Lua number
--- returned to Redis is truncated to an integer and tostring() keeps only 14 digits.
+-- as ZSET scores, both exact; they leave a script as strings made by fmt() (or as TIME's two
+-- integers, or as '%.17g' strings, which are exact), because a Lua number returned to Redis is
+-- truncated to an integer and tostring() keeps only 14 digits.
 
 -- @helper constants:
 local STATES = {'scheduled', 'queued', 'leased', 'failed', 'done', 'dead'}
 local SCHEDULED, QUEUED, LEASED, FAILED, DONE, DEAD = 1, 2, 3, 4, 5, 6
--- Positions in the record. Absent values are false (a nil would cut the array short).
-local F_STATE, F_PRIO, F_SEQ, F_FRONT, F_ATTEMPT, F_RECLAIMS, F_FAILURES, F_MAXR = 1, 2, 3, 4, 5, 6, 7, 8
-local F_CREATED, F_RUNAT, F_LEASED, F_EXPIRES, F_DEADLINE, F_PTIMEOUT, F_PROGRESSED = 9, 10, 11, 12, 13, 14, 15
-local F_FINISHED, F_TOKEN, F_REQ, F_DEDUP, F_CHECKPOINTED, F_PAYLOAD = 16, 17, 18, 19, 20, 21
+-- Positions in the record. Absent values are false (a nil would cut the array short). The loader
+-- (agentlease.backends.lua) writes these names into the scripts as the numbers they stand for:
+-- as locals, every helper that used them would capture them as upvalues, and a script's helpers
+-- are made anew at every call.
+local F_STATE, F_ATTEMPT, F_TOKEN, F_EXPIRES, F_REQ, F_FINISHED = 1, 2, 3, 4, 5, 6
+local F_LEASED, F_DEADLINE, F_PTIMEOUT, F_PROGRESSED = 7, 8, 9, 10
+local F_PRIO, F_FAILURES, F_RECLAIMS, F_CHECKPOINTED, F_PAYLOAD = 11, 12, 13, 14, 15
+local F_SEQ, F_FRONT, F_MAXR, F_CREATED, F_RUNAT, F_DEDUP = 16, 17, 18, 19, 20, 21
 -- Payloads up to this many bytes live in the record (one read less per claim, one hash entry
 -- less per task); longer ones in the payloads hash, so that rewriting a record stays cheap.
 local INLINE = 200
 
 -- @helper clock:
+-- The store's time in seconds, and TIME's reply (seconds, microseconds) for a script that sends
+-- it back: a client computes the same double from those two integers with the same two
+-- operations, which no decimal string does as cheaply.
 local function clock()
   local t = redis.call('TIME')
-  return tonumber(t[1]) + tonumber(t[2]) / 1000000
+  return tonumber(t[1]) + tonumber(t[2]) / 1000000, t
 end
 
 -- @helper fmt:
@@ -41,15 +60,26 @@ local function fmt(x)
 end
 
 -- @helper load:
+-- A record packs 21 values, so its MessagePack array header is always 3 bytes (array 16) and the
+-- values follow one after another: unpacked as a sequence, they fill a table built at its size
+-- in one step (unpacking the array grows its table one value at a time, at twice the cost).
 local function load(tasks, id)
   local raw = redis.call('HGET', tasks, id)
-  if raw then return cmsgpack.unpack(raw) end
+  if raw then return {cmsgpack.unpack(string.sub(raw, 4))} end
   return nil
 end
 
 -- @helper save:
 local function save(tasks, id, rec)
   redis.call('HSET', tasks, id, cmsgpack.pack(rec))
+end
+
+-- @helper save_head:
+-- Write back a record whose first values changed: raw is the record as read, off the offset past
+-- those values (as cmsgpack.unpack_limit(raw, k, 3) returns it), and ... their new values. The
+-- bytes of the rest are kept as they are.
+local function save_head(tasks, id, raw, off, ...)
+  redis.call('HSET', tasks, id, '\220\0\21' .. cmsgpack.pack(...) .. string.sub(raw, off + 1))
 end
 
 -- @helper zrem:
@@ -79,10 +109,22 @@ local function expiry(now, lease_for, deadline, progressed, ptimeout)
   return e
 end
 
+-- @helper lower_wake:
+-- The counters hash keeps 'wake': a time no later than any score in the waiting ZSET and any
+-- positive score (a lease's expiry) in the index, so that claim can skip searching both for due
+-- tasks and expired leases until the clock reaches it (when it is absent, claim searches, and
+-- sets it). A script that adds such a score lowers 'wake' to it when it is earlier; removing a
+-- score may leave 'wake' early, which costs one needless search, never a missed task.
+local function lower_wake(counters, t)
+  local wake = redis.call('HGET', counters, 'wake')
+  if wake and t < tonumber(wake) then redis.call('HSET', counters, 'wake', t) end
+end
+
 -- @helper make_ready: member
 -- Put a task back in the ready set: to the front of its priority (keeping its sequence number, so
 -- tasks sent to the front keep their order) or behind everything (a fresh sequence number).
-local function make_ready(rec, id, front, counters, ready, age)
+-- Its index entry, if it had one (a lease), is replaced by minus its created_at.
+local function make_ready(rec, id, front, counters, ready, index)
   rec[F_STATE] = QUEUED
   if front then
     rec[F_FRONT] = 1
@@ -91,36 +133,44 @@ local function make_ready(rec, id, front, counters, ready, age)
     rec[F_SEQ] = redis.call('HINCRBY', counters, 'seq', 1)
   end
   redis.call('ZADD', ready, 0, member(rec, id))
-  redis.call('ZADD', age, rec[F_CREATED], id)
+  redis.call('ZADD', index, -rec[F_CREATED], id)
 end
 
--- @helper fence: load
+-- @helper refusal:
+-- The reply to a holder write whose lease (token) is not held and live, from the record's state,
+-- attempt, token and request nonce. A holder write carries a nonce; a retry of a write that was
+-- applied but whose reply was lost finds its own nonce on the record and is answered 'replayed'
+-- instead of lost.
+local function refusal(state, attempt, held, req, token, nonce)
+  if nonce and req == nonce then return {'replayed'} end
+  local reason
+  if state ~= LEASED then
+    reason = 'task is ' .. STATES[state]
+  elseif held ~= token then
+    reason = 'token replaced'
+  else
+    reason = 'lease expired'
+  end
+  return {'lost', attempt, STATES[state], reason}
+end
+
+-- @helper fence: load refusal
 -- Fencing: the record if the lease (token) is held and live, else nil and the reply to send.
--- A holder write carries a request nonce; a retry of a write that was applied but whose reply
--- was lost finds its own nonce on the record and is answered 'replayed' instead of lost.
 local function fence(tasks, id, token, nonce, now)
   local rec = load(tasks, id)
   if not rec then return nil, {'unknown'} end
   if rec[F_STATE] == LEASED and rec[F_TOKEN] == token and now < rec[F_EXPIRES] then
     return rec, nil
   end
-  if nonce and rec[F_REQ] == nonce then return nil, {'replayed'} end
-  local reason
-  if rec[F_STATE] ~= LEASED then
-    reason = 'task is ' .. STATES[rec[F_STATE]]
-  elseif rec[F_TOKEN] ~= token then
-    reason = 'token replaced'
-  else
-    reason = 'lease expired'
-  end
-  return nil, {'lost', rec[F_ATTEMPT], STATES[rec[F_STATE]], reason}
+  return nil, refusal(rec[F_STATE], rec[F_ATTEMPT], rec[F_TOKEN], rec[F_REQ], token, nonce)
 end
 
 -- @helper reap: load save zrem make_ready
 -- Requeue (or dead-letter, past max_reclaims) the expired leases ids (read by the caller from
--- the leases ZSET, oldest expiry first, at most a cap of them). Appends id, attempt, outcome to
--- out for each. K holds the keys: tasks, errors, counters, ready, leases, age, dead.
+-- the index, oldest expiry first, at most a cap of them). Appends id, attempt, outcome to out
+-- for each. K holds the keys: tasks, errors, counters, ready, index, dead.
 local function reap(K, ids, now, front, out)
+  zrem(K.index, ids)  -- first: a requeued task comes back into the index as a queued one
   for _, id in ipairs(ids) do
     local rec = load(K.tasks, id)
     if rec and rec[F_STATE] == LEASED then
@@ -138,7 +188,7 @@ local function reap(K, ids, now, front, out)
         redis.call('ZADD', K.dead, now, id)
       else
         outcome = 'requeued'
-        make_ready(rec, id, front, K.counters, K.ready, K.age)
+        make_ready(rec, id, front, K.counters, K.ready, K.index)
       end
       save(K.tasks, id, rec)
       out[#out + 1] = id
@@ -146,7 +196,6 @@ local function reap(K, ids, now, front, out)
       out[#out + 1] = outcome
     end
   end
-  zrem(K.leases, ids)
 end
 
 -- @helper payload:

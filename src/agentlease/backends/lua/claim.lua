@@ -6,84 +6,105 @@
 -- max_reclaims. Then pop the n first ready tasks (priority, then front, then sequence) and lease
 -- each with the token the caller drew for it, attempt + 1, and an expiry on the store's clock.
 --
--- helpers: clock fmt load save member zrem reap payload
+-- Both searches are skipped while the clock is before the counters' 'wake' time, a lower bound
+-- of the scores of waiting and of the leases in the index (see the lower_wake helper): a claim
+-- with nothing due reads one hash field instead of searching two ZSETs. A claim that searches
+-- sets 'wake' again from the first of those scores, and every claim lowers it to the expiry it
+-- grants. A leased task's index entry takes the place of its queued one (see _lib.lua).
+--
+-- helpers: clock save_head
 -- KEYS: 1 tasks, 2 payloads, 3 checkpoints, 4 errors, 5 counters, 6 ready, 7 waiting,
---       8 leases, 9 age, 10 dead
--- ARGV: 1 n, 2 lease_for seconds, 3 max_total seconds, 4 progress_timeout seconds ('' for none),
---       5 reap to the front ('1') or the back ('0'), 6 n tokens of 32 characters, concatenated,
---       7 cap on promotions and on reaps
--- Returns: {now, jobs, reaped}: now as a string; jobs flat, 9 values per job in pick order:
---          id, token, attempt, expires_at, payload, checkpoint (nil if none), priority,
---          failures, reclaims; reaped flat, 3 values each: id, attempt, 'requeued' | 'dead'.
+--       8 index, 9 dead
+-- ARGV: 1 the terms, separated by single spaces: n, lease_for seconds, max_total seconds,
+--       progress_timeout seconds ('-' for none), reap to the front (1) or the back (0), cap on
+--       promotions and on reaps; 2 n tokens of 32 characters, concatenated
+-- Returns: {seconds, microseconds, expires_at, jobs, reaped}: now as TIME's two integers;
+--          expires_at of the leases granted, as an exact '%.17g' string (nil if none); jobs
+--          flat, 7 values per job in pick order: id, attempt, payload, checkpoint (nil if none),
+--          priority, failures, reclaims (the j-th job holds the j-th token); reaped flat, 3
+--          values each: id, attempt, 'requeued' | 'dead'.
 local tasks, payloads, checkpoints, counters = KEYS[1], KEYS[2], KEYS[3], KEYS[5]
-local ready, waiting, leases, age = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
-local n, tokens, cap = tonumber(ARGV[1]), ARGV[6], tonumber(ARGV[7])
-local now = clock()
-
--- Promote due waiting tasks (every member of waiting is scheduled or failed).
-local due = redis.call('ZRANGEBYSCORE', waiting, '-inf', now, 'LIMIT', 0, cap)
-if #due > 0 then
-  local failed = 0
-  for _, id in ipairs(due) do
-    local rec = load(tasks, id)
-    if rec and (rec[F_STATE] == SCHEDULED or rec[F_STATE] == FAILED) then
-      if rec[F_STATE] == FAILED then failed = failed + 1 end
-      rec[F_STATE] = QUEUED
-      redis.call('ZADD', ready, 0, member(rec, id))
-      redis.call('ZADD', age, rec[F_CREATED], id)
-      save(tasks, id, rec)
-    end
-  end
-  zrem(waiting, due)
-  if failed > 0 then redis.call('HINCRBY', counters, 'failed', -failed) end
-end
-
+local ready, waiting, index = KEYS[6], KEYS[7], KEYS[8]
+local n, lease_for, max_total, ptimeout, front, cap =
+  string.match(ARGV[1], '^(%d+) (%S+) (%S+) (%S+) ([01]) (%d+)$')
+local tokens = ARGV[2]
+local now, time = clock()
 local reaped = {}
-local expired = redis.call('ZRANGEBYSCORE', leases, '-inf', now, 'LIMIT', 0, cap)
-if #expired > 0 then
-  reap({tasks = tasks, errors = KEYS[4], counters = counters, ready = ready, leases = leases,
-        age = age, dead = KEYS[10]}, expired, now, ARGV[5] == '1', reaped)
+local stored = redis.call('HGET', counters, 'wake')
+local wake = stored and tonumber(stored)
+local woke = not wake or now >= wake
+if woke then
+  -- helpers here: load save member zrem reap
+  -- Promote due waiting tasks (every member of waiting is scheduled or failed).
+  local due = redis.call('ZRANGEBYSCORE', waiting, '-inf', now, 'LIMIT', 0, cap)
+  if #due > 0 then
+    local failed = 0
+    for _, id in ipairs(due) do
+      local rec = load(tasks, id)
+      if rec and (rec[F_STATE] == SCHEDULED or rec[F_STATE] == FAILED) then
+        if rec[F_STATE] == FAILED then failed = failed + 1 end
+        rec[F_STATE] = QUEUED
+        redis.call('ZADD', ready, 0, member(rec, id))
+        redis.call('ZADD', index, -rec[F_CREATED], id)
+        save(tasks, id, rec)
+      end
+    end
+    zrem(waiting, due)
+    if failed > 0 then redis.call('HINCRBY', counters, 'failed', -failed) end
+  end
+  local expired = redis.call('ZRANGEBYSCORE', index, '(0', now, 'LIMIT', 0, cap)
+  if #expired > 0 then
+    reap({tasks = tasks, errors = KEYS[4], counters = counters, ready = ready, index = index,
+          dead = KEYS[9]}, expired, now, front == '1', reaped)
+  end
+  -- Nothing left is due before the first of those scores (which is now or earlier when a
+  -- search stopped at cap, so that the next claim searches again).
+  wake = math.huge
+  local heads = {redis.call('ZRANGE', waiting, 0, 0, 'WITHSCORES')[2],
+                 redis.call('ZRANGEBYSCORE', index, '(0', '+inf', 'WITHSCORES', 'LIMIT', 0, 1)[2]}
+  for _, head in pairs(heads) do wake = math.min(wake, tonumber(head)) end
 end
 
 local jobs = {}
 local popped = redis.call('ZPOPMIN', ready, n)
-if #popped == 0 then return {fmt(now), jobs, reaped} end
+if #popped == 0 then
+  -- A queue nothing was enqueued to has no counters, and gets none.
+  if woke and redis.call('EXISTS', counters) == 1 then
+    redis.call('HSET', counters, 'wake', wake)
+  end
+  return {time[1], time[2], false, jobs, reaped}
+end
 -- The lease's expiry (agentlease._policy.lease.lease_expiry, progress deadline from now).
-local ptimeout = tonumber(ARGV[4]) or false
-local deadline = now + tonumber(ARGV[3])
-local expires = math.min(now + tonumber(ARGV[2]), deadline)
+ptimeout = tonumber(ptimeout) or false
+local deadline = now + tonumber(max_total)
+local expires = math.min(now + tonumber(lease_for), deadline)
 if ptimeout then expires = math.min(expires, now + ptimeout) end
-local expires_s = fmt(expires)
-local picked = {}
+if woke or expires < wake then
+  redis.call('HSET', counters, 'wake', math.min(wake, expires))
+end
+-- One exact string serves as the leases' score in the index and as the reply.
+local expires_s = string.format('%.17g', expires)
 for i = 1, #popped, 2 do
   local id = string.sub(popped[i], 26)
-  local rec = load(tasks, id)
+  local raw = redis.call('HGET', tasks, id)
+  -- The head of the record (the lease's values, up to the last progress), then what the job
+  -- needs; the head is written back, the rest kept as it is (see save_head).
+  local off, _, attempt, _, _, req, finished = cmsgpack.unpack_limit(raw, 10, 3)
+  local _, prio, failures, reclaims, checkpointed, inline = cmsgpack.unpack_limit(raw, 5, off)
   local j = (i + 1) / 2
-  local token = string.sub(tokens, j * 32 - 31, j * 32)
-  local attempt = rec[F_ATTEMPT] + 1
-  rec[F_STATE] = LEASED
-  rec[F_ATTEMPT] = attempt
-  rec[F_TOKEN] = token
-  rec[F_LEASED] = now
-  rec[F_EXPIRES] = expires
-  rec[F_DEADLINE] = deadline
-  rec[F_PTIMEOUT] = ptimeout
-  rec[F_PROGRESSED] = now
-  save(tasks, id, rec)
-  redis.call('ZADD', leases, expires, id)
-  picked[j] = id
+  attempt = attempt + 1
+  save_head(tasks, id, raw, off, LEASED, attempt, string.sub(tokens, j * 32 - 31, j * 32),
+            expires, req, finished, now, deadline, ptimeout, now)
+  redis.call('ZADD', index, expires_s, id)
   local checkpoint = false
-  if rec[F_CHECKPOINTED] then checkpoint = redis.call('HGET', checkpoints, id) end
+  if checkpointed then checkpoint = redis.call('HGET', checkpoints, id) end
   local b = #jobs
   jobs[b + 1] = id
-  jobs[b + 2] = token
-  jobs[b + 3] = attempt
-  jobs[b + 4] = expires_s
-  jobs[b + 5] = payload(payloads, id, rec)
-  jobs[b + 6] = checkpoint
-  jobs[b + 7] = rec[F_PRIO]
-  jobs[b + 8] = rec[F_FAILURES]
-  jobs[b + 9] = rec[F_RECLAIMS]
+  jobs[b + 2] = attempt
+  jobs[b + 3] = inline or redis.call('HGET', payloads, id)
+  jobs[b + 4] = checkpoint
+  jobs[b + 5] = prio
+  jobs[b + 6] = failures
+  jobs[b + 7] = reclaims
 end
-zrem(age, picked)
-return {fmt(now), jobs, reaped}
+return {time[1], time[2], expires_s, jobs, reaped}

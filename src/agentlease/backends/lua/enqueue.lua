@@ -5,19 +5,21 @@
 -- task is created unless its id already exists here or its dedup key is taken here; an id whose
 -- reservation was never followed by its task (the caller crashed in between) is simply created.
 --
--- helpers: clock save member
--- KEYS: 1 tasks, 2 payloads, 3 counters (the sequence), 4 ready, 5 waiting, 6 age, 7 dedup keys
+-- helpers: clock save member lower_wake
+-- KEYS: 1 tasks, 2 payloads, 3 counters (the sequence, claim's wake time), 4 ready, 5 waiting,
+--       6 index (leases by expiry, queued tasks), 7 dedup keys
 -- ARGV: 1 request nonce (a retry of this same request reports the tasks it created as created),
 --       2 number of tasks, then 6 values per task:
 --       id, payload JSON, priority, delay in seconds, dedup key ('' for none), max_reclaims
 -- Returns: {created, id, created, id, ...}: created is 1 or 0, id is the created or existing task.
 local K = {tasks = KEYS[1], payloads = KEYS[2], counters = KEYS[3], ready = KEYS[4],
-           waiting = KEYS[5], age = KEYS[6], dedup = KEYS[7]}
+           waiting = KEYS[5], index = KEYS[6], dedup = KEYS[7]}
 local nonce, count = ARGV[1], tonumber(ARGV[2])
 local now = clock()
 local out = {}
 local made = {}  -- ids this run created (or, on a retry, had created)
 local seq = nil
+local soonest = nil  -- the earliest run_at of the delayed tasks created
 
 for i = 0, count - 1 do
   local b = 3 + i * 6
@@ -44,14 +46,19 @@ for i = 0, count - 1 do
     local priority, delay = tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
     local dedup = false
     if key ~= '' then dedup = key end
-    local rec = {QUEUED, priority, seq, 0, 0, 0, 0, tonumber(ARGV[b + 5]), now, now + delay,
-                 false, false, false, false, false, false, false, nonce, dedup, false, false}
+    -- In the record's order (see _lib.lua): state, attempt, token, expires_at, request nonce,
+    -- finished_at, leased_at, deadline, progress timeout, last progress, priority, failures,
+    -- reclaims, checkpoint saved, payload, sequence, front, max_reclaims, created_at, run_at,
+    -- dedup key.
+    local rec = {QUEUED, 0, false, false, nonce, false, false, false, false, false, priority, 0,
+                 0, false, false, seq, 0, tonumber(ARGV[b + 5]), now, now + delay, dedup}
     if delay > 0 then
       rec[F_STATE] = SCHEDULED
       redis.call('ZADD', K.waiting, now + delay, id)
+      if not soonest or now + delay < soonest then soonest = now + delay end
     else
       redis.call('ZADD', K.ready, 0, member(rec, id))
-      redis.call('ZADD', K.age, now, id)
+      redis.call('ZADD', K.index, -now, id)
     end
     if #payload <= INLINE then
       rec[F_PAYLOAD] = payload
@@ -65,4 +72,5 @@ for i = 0, count - 1 do
     out[#out + 1] = id
   end
 end
+if soonest then lower_wake(K.counters, soonest) end
 return out

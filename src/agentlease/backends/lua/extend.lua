@@ -5,27 +5,32 @@
 -- (now < expires_at). The new expiry is now + lease_for, capped by the lease's total deadline
 -- and, if the queue has a progress timeout, by the last progress + that timeout.
 --
--- helpers: clock fmt load save expiry
--- KEYS: 1 tasks, 2 leases
+-- helpers: clock fmt save_head expiry lower_wake
+-- KEYS: 1 tasks, 2 counters (claim's wake time), 3 index (leases by expiry, queued tasks)
 -- ARGV: 1 lease_for seconds, then 2 values per lease: task id, token
 -- Returns: one value per lease, in order: the new expires_at as a string, or nil if not held.
-local tasks, leases = KEYS[1], KEYS[2]
+local tasks, counters, index = KEYS[1], KEYS[2], KEYS[3]
 local lease_for = tonumber(ARGV[1])
 local now = clock()
 local out = {}
+local soonest = nil  -- the earliest expiry this call set
 for i = 2, #ARGV, 2 do
   local id, token = ARGV[i], ARGV[i + 1]
-  local rec = load(tasks, id)
-  if rec and rec[F_STATE] == LEASED and rec[F_TOKEN] == token and now < rec[F_EXPIRES] then
-    local e = expiry(now, lease_for, rec[F_DEADLINE], rec[F_PROGRESSED], rec[F_PTIMEOUT])
-    if e ~= rec[F_EXPIRES] then
-      rec[F_EXPIRES] = e
-      save(tasks, id, rec)
-      redis.call('ZADD', leases, e, id)
+  local raw = redis.call('HGET', tasks, id)
+  local off, state, attempt, held, expires  -- the head of the record, up to expires_at
+  if raw then off, state, attempt, held, expires = cmsgpack.unpack_limit(raw, 4, 3) end
+  if raw and state == LEASED and held == token and now < expires then
+    local _, _, _, _, deadline, ptimeout, progressed = cmsgpack.unpack_limit(raw, 6, off)
+    local e = expiry(now, lease_for, deadline, progressed, ptimeout)
+    if e ~= expires then
+      save_head(tasks, id, raw, off, state, attempt, held, e)
+      redis.call('ZADD', index, e, id)
+      if not soonest or e < soonest then soonest = e end
     end
     out[#out + 1] = fmt(e)
   else
     out[#out + 1] = false
   end
 end
+if soonest then lower_wake(counters, soonest) end
 return out

@@ -2,16 +2,16 @@
 -- fail: record a raised error on a leased task, fenced, in one atomic step: wait for a retry
 -- after retry_in seconds (state failed), or dead-letter it (state dead).
 --
--- helpers: clock fence save task_reply
+-- helpers: clock fence save task_reply lower_wake
 -- KEYS: 1 tasks, 2 payloads, 3 results, 4 progress, 5 checkpoints, 6 errors, 7 counters,
---       8 leases, 9 waiting, 10 dead
+--       8 index (leases by expiry, queued tasks), 9 waiting, 10 dead
 -- ARGV: 1 task id, 2 token, 3 request nonce, 4 error JSON, 5 retry_in seconds ('' to dead-letter)
 -- Returns: {'ok', task...} with the task as it now stands (the values of get.lua), or
 --          {'replayed', task...} for a retry of this same request, or {'lost', current attempt,
 --          state, reason}, or {'unknown'}.
 local K = {tasks = KEYS[1], payloads = KEYS[2], results = KEYS[3], progress = KEYS[4],
            checkpoints = KEYS[5], errors = KEYS[6]}
-local counters, leases, waiting, dead = KEYS[7], KEYS[8], KEYS[9], KEYS[10]
+local counters, index, waiting, dead = KEYS[7], KEYS[8], KEYS[9], KEYS[10]
 local id, token, nonce, err = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local retry_in = tonumber(ARGV[5])
 local now = clock()
@@ -30,6 +30,7 @@ if retry_in then
   rec[F_STATE] = FAILED
   rec[F_RUNAT] = now + retry_in
   redis.call('ZADD', waiting, rec[F_RUNAT], id)
+  lower_wake(counters, rec[F_RUNAT])
   redis.call('HINCRBY', counters, 'failed', 1)
 else
   rec[F_STATE] = DEAD
@@ -38,5 +39,5 @@ else
 end
 save(K.tasks, id, rec)
 redis.call('HSET', K.errors, id, err)
-redis.call('ZREM', leases, id)
+redis.call('ZREM', index, id)
 return {'ok', task_reply(K, id, rec)}

@@ -2,15 +2,15 @@
 -- inspect: the live leases of one queue, soonest expiry first, in one snapshot.
 --
 -- helpers: clock fmt load
--- KEYS: 1 tasks, 2 counters, 3 leases
+-- KEYS: 1 tasks, 2 counters, 3 index (leases by expiry, queued tasks)
 -- ARGV: 1 limit
 -- Returns: {now, then 6 values per lease: id, attempt, leased_at, expires_at, reclaims,
 --          failures}; nil if nothing was ever enqueued to the queue.
-local tasks, counters, leases = KEYS[1], KEYS[2], KEYS[3]
+local tasks, counters, index = KEYS[1], KEYS[2], KEYS[3]
 if redis.call('EXISTS', counters) == 0 then return false end
 local now = clock()
 local out = {fmt(now)}
-local ids = redis.call('ZRANGEBYSCORE', leases, '(' .. string.format('%.17g', now), '+inf',
+local ids = redis.call('ZRANGEBYSCORE', index, '(' .. string.format('%.17g', now), '+inf',
                        'LIMIT', 0, tonumber(ARGV[1]))
 for _, id in ipairs(ids) do
   local rec = load(tasks, id)

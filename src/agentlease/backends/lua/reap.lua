@@ -4,13 +4,13 @@
 -- live ones are never read. The caller repeats while a full batch comes back.
 --
 -- helpers: clock reap
--- KEYS: 1 tasks, 2 errors, 3 counters, 4 ready, 5 leases, 6 age, 7 dead
+-- KEYS: 1 tasks, 2 errors, 3 counters, 4 ready, 5 index (leases by expiry, queued tasks), 6 dead
 -- ARGV: 1 to the front ('1') or the back ('0'), 2 cap
 -- Returns: reaped, flat, 3 values each: id, attempt, 'requeued' | 'dead'.
 local K = {tasks = KEYS[1], errors = KEYS[2], counters = KEYS[3], ready = KEYS[4],
-           leases = KEYS[5], age = KEYS[6], dead = KEYS[7]}
+           index = KEYS[5], dead = KEYS[6]}
 local front, cap = ARGV[1] == '1', tonumber(ARGV[2])
 local out = {}
 local now = clock()
-reap(K, redis.call('ZRANGEBYSCORE', K.leases, '-inf', now, 'LIMIT', 0, cap), now, front, out)
+reap(K, redis.call('ZRANGEBYSCORE', K.index, '(0', now, 'LIMIT', 0, cap), now, front, out)
 return out

@@ -4,11 +4,11 @@
 -- monotonic; the last error is kept for the record.
 --
 -- helpers: load save make_ready
--- KEYS: 1 tasks, 2 counters, 3 ready, 4 age, 5 dead
+-- KEYS: 1 tasks, 2 counters, 3 ready, 4 index (leases by expiry, queued tasks), 5 dead
 -- ARGV: 1 to the front ('1') or the back ('0'), 2 cap, 3 'ids' then the task ids to requeue, or
 --       'all' for the cap longest dead tasks of the queue
 -- Returns: how many tasks were requeued, or nil if the queue does not exist.
-local K = {tasks = KEYS[1], counters = KEYS[2], ready = KEYS[3], age = KEYS[4], dead = KEYS[5]}
+local K = {tasks = KEYS[1], counters = KEYS[2], ready = KEYS[3], index = KEYS[4], dead = KEYS[5]}
 local front, cap = ARGV[1] == '1', tonumber(ARGV[2])
 if redis.call('EXISTS', K.counters) == 0 then return false end
 local ids
@@ -25,7 +25,7 @@ for _, id in ipairs(ids) do
     rec[F_RECLAIMS] = 0
     rec[F_FAILURES] = 0
     rec[F_FINISHED] = false
-    make_ready(rec, id, front, K.counters, K.ready, K.age)
+    make_ready(rec, id, front, K.counters, K.ready, K.index)
     save(K.tasks, id, rec)
     redis.call('ZREM', K.dead, id)
     count = count + 1
