@@ -30,7 +30,7 @@ def test_helpers_of_a_rare_branch_are_made_only_in_it() -> None:
 
 def test_a_script_may_not_declare_a_field_name(tmp_path: Path) -> None:
     source = resources.files("agentlease.backends.lua")
-    for name in [*lua.NAMES, "_lib"]:
+    for name in [*lua.NAMES, *(lib.removesuffix(".lua") for lib in lua.LIBS)]:
         (tmp_path / f"{name}.lua").write_text(source.joinpath(f"{name}.lua").read_text())
     assert lua._load(tmp_path).keys() == lua.SCRIPTS.keys()
     get = tmp_path / "get.lua"
@@ -39,7 +39,10 @@ def test_a_script_may_not_declare_a_field_name(tmp_path: Path) -> None:
         lua._load(tmp_path)
 
 
-@pytest.mark.parametrize("name", lua.NAMES)
+QUEUE_SCRIPTS = [n for n in lua.NAMES if hasattr(lua.queue_keys("p", "q"), n)]
+
+
+@pytest.mark.parametrize("name", QUEUE_SCRIPTS)
 def test_each_header_lists_the_keys_the_script_is_given(name: str) -> None:
     body = resources.files("agentlease.backends.lua").joinpath(f"{name}.lua").read_text()
     header = re.search(r"^-- KEYS:(.*?)^-- ARGV:", body, re.MULTILINE | re.DOTALL)
@@ -48,3 +51,13 @@ def test_each_header_lists_the_keys_the_script_is_given(name: str) -> None:
     keys = getattr(lua.queue_keys("p", "q"), name)
     assert numbers == list(range(1, len(keys) + 1))
     assert all(key.startswith("{p:q}:") for key in keys)
+
+
+@pytest.mark.parametrize("name", [n for n in lua.NAMES if n not in QUEUE_SCRIPTS])
+def test_every_other_header_numbers_its_keys_from_one(name: str) -> None:
+    body = resources.files("agentlease.backends.lua").joinpath(f"{name}.lua").read_text()
+    header = re.search(r"^-- KEYS:(.*?)^-- ARGV:", body, re.MULTILINE | re.DOTALL)
+    assert header is not None
+    numbers = [int(n) for n in re.findall(r"\b(\d+) [a-z]", header[1])]
+    assert numbers == list(range(1, len(numbers) + 1))
+    assert numbers

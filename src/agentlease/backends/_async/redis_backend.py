@@ -149,6 +149,7 @@ class AsyncRedisBackend(RedisKeys, RedisState):
                     spec.delay,
                     spec.dedup_key or "",
                     spec.max_reclaims,
+                    spec.partition or "",
                 )
             calls.append(("SADD", self._queues, queue))
             calls.append(("EVALSHA", "enqueue", queue_keys(self._prefix, queue).enqueue, args))
@@ -281,7 +282,13 @@ class AsyncRedisBackend(RedisKeys, RedisState):
         now = float(reply[0])
         counts = {s: n for s, n in zip(_STATE_NAMES, reply[1:7], strict=True) if n}
         oldest = None if reply[7] is None else max(0.0, now - float(reply[7]))
-        return QueueStats(queue, counts, oldest, now)
+        if reply[8]:
+            counts["parked"] = reply[8]
+        hot = reply[9]  # partition, minus its parked tasks: most first, ties by name
+        hot_partitions = tuple(
+            (hot[i].decode(), -int(float(hot[i + 1]))) for i in range(0, len(hot), 2)
+        )
+        return QueueStats(queue, counts, oldest, now, hot_partitions)
 
     async def queues(self) -> list[str]:
         names = await self._link.command("SMEMBERS", self._queues)

@@ -36,6 +36,13 @@ on one Redis Cluster shard and every script is given all the keys it touches:
                             score); claim moves a task from one to the other with one ZADD
 ``{p:q}:d``                 zset by finished_at: dead letters
 ``{p:q}:k``                 hash: dedup key -> task id
+``{p:q}:pb``                hash: partition -> its busy tasks (scheduled, queued, leased,
+                            failed), while it has any or parked tasks wait on it
+``{p:q}:pk``                zset, score 0: parked tasks, ordered by member (partition, zero
+                            byte, front, sequence, zero byte, id): ZRANGEBYLEX finds a
+                            partition's next task (see ``park`` in ``_lib.lua``)
+``{p:q}:ph``                zset: partition -> minus its parked tasks (the hot partitions
+                            are its first members)
 ``p:ids``                   hash: task id -> queue (ids are unique across queues)
 ``p:queues``                set: every queue enqueued to
 ``p:key:{k}``               hash: idempotency key ``k`` (its own hash tag, so keys spread over
@@ -267,18 +274,19 @@ def queue_keys(prefix: str, queue: str) -> QueueKeys:
     """The keys of ``queue`` under ``prefix`` (all with the hash tag ``{prefix:queue}``)."""
     tag = f"{{{prefix}:{queue}}}:"
     t, p, r, g, c, e, n, q, w, i, d, k = (tag + s for s in "tprgcenqwldk")
+    pb, pk, ph = tag + "pb", tag + "pk", tag + "ph"  # partitions: busy, parked, hot
     return QueueKeys(
-        enqueue=(t, p, n, q, w, i, k),
-        claim=(t, p, c, e, n, q, w, i, d),
+        enqueue=(t, p, n, q, w, i, k, pb, pk, ph),
+        claim=(t, p, c, e, n, q, w, i, d, pb, pk, ph),
         extend=(t, n, i),
-        complete=(t, r, i),
-        fail=(t, p, r, g, c, e, n, i, w, d),
+        complete=(t, r, i, n, q, w, pb, pk, ph),
+        fail=(t, p, r, g, c, e, n, i, w, d, q, pb, pk, ph),
         release=(t, n, i, q),
         progress=(t, g, c),
-        reap=(t, e, n, q, i, d),
-        requeue_dead=(t, n, q, i, d),
+        reap=(t, e, n, q, i, d, w, pb, pk, ph),
+        requeue_dead=(t, n, q, i, d, pb, pk, ph),
         get=(t, p, r, g, c, e),
-        stats=(t, n, q, w, i, d),
+        stats=(t, n, q, w, i, d, pk, ph),
         inspect=(t, n, i),
         dead=(t, p, r, g, c, e, n, d),
     )
@@ -302,6 +310,7 @@ _STATES: dict[bytes, TaskState] = {
     b"failed": "failed",
     b"done": "done",
     b"dead": "dead",
+    b"parked": "parked",
 }
 _OUTCOMES: dict[bytes, Any] = {b"requeued": "requeued", b"dead": "dead"}
 
@@ -332,6 +341,7 @@ def task_from(queue: str, v: list[Any]) -> Task:
         checkpoint_json=v[15],
         result_json=v[16],
         error_json=v[17],
+        partition=None if v[18] is None else v[18].decode(),
     )
 
 

@@ -11,13 +11,24 @@
 -- record: state, attempt (the fencing number), token, expires_at, the nonce of the last write
 -- request, finished_at, leased_at, the lease's total deadline, progress timeout and last
 -- progress, priority, failures, reclaims, whether a checkpoint is saved, the payload when it is
--- small, sequence number, sent-to-front flag, max_reclaims, created_at, run_at and dedup key.
+-- small, sequence number, sent-to-front flag, max_reclaims, created_at, run_at and dedup key,
+-- then, only for a task that has one, its partition (a record without it reads as partition nil,
+-- so records written before partitions existed need no change).
 -- Bigger values live in their own hashes of the queue (payloads, results, progress, checkpoints,
 -- errors), so that a claim or a heartbeat never rewrites them.
 --
 -- The order serves the hot paths: what complete, extend and claim change comes first, so they
 -- decode only the head of a record (cmsgpack.unpack_limit) and write it back with the bytes of
--- the rest unchanged (save_head), instead of decoding and encoding all 21 values.
+-- the rest unchanged (save_head), instead of decoding and encoding all 21 (or 22) values. The
+-- third byte of a record is its number of values: 22 says it has a partition, which lets
+-- complete skip all partition work for a task without one after reading that byte alone.
+--
+-- Partitions (single-writer routing, see agentlease.backends.base). The hash {prefix:queue}:pb
+-- counts each partition's busy tasks (scheduled, queued, leased, failed); a task enqueued or
+-- requeued while its partition is busy is parked: state parked, a member of the ZSET
+-- {prefix:queue}:pk (see park), which is in no other ZSET of the queue. {prefix:queue}:ph scores
+-- each partition with parked tasks by minus their number (so ZRANGE 0 4 lists the most parked
+-- first, ties by name). A task of a partition that becomes done or dead calls unpark.
 --
 -- The queue's index ZSET {prefix:queue}:l holds every leased task, scored by its expires_at, and
 -- every queued task, scored by minus its created_at: expired leases are the scores in (0, now],
@@ -30,8 +41,8 @@
 -- truncated to an integer and tostring() keeps only 14 digits.
 
 -- @helper constants:
-local STATES = {'scheduled', 'queued', 'leased', 'failed', 'done', 'dead'}
-local SCHEDULED, QUEUED, LEASED, FAILED, DONE, DEAD = 1, 2, 3, 4, 5, 6
+local STATES = {'scheduled', 'queued', 'leased', 'failed', 'done', 'dead', 'parked'}
+local SCHEDULED, QUEUED, LEASED, FAILED, DONE, DEAD, PARKED = 1, 2, 3, 4, 5, 6, 7
 -- Positions in the record. Absent values are false (a nil would cut the array short). The loader
 -- (agentlease.backends.lua) writes these names into the scripts as the numbers they stand for:
 -- as locals, every helper that used them would capture them as upvalues, and a script's helpers
@@ -39,7 +50,7 @@ local SCHEDULED, QUEUED, LEASED, FAILED, DONE, DEAD = 1, 2, 3, 4, 5, 6
 local F_STATE, F_ATTEMPT, F_TOKEN, F_EXPIRES, F_REQ, F_FINISHED = 1, 2, 3, 4, 5, 6
 local F_LEASED, F_DEADLINE, F_PTIMEOUT, F_PROGRESSED = 7, 8, 9, 10
 local F_PRIO, F_FAILURES, F_RECLAIMS, F_CHECKPOINTED, F_PAYLOAD = 11, 12, 13, 14, 15
-local F_SEQ, F_FRONT, F_MAXR, F_CREATED, F_RUNAT, F_DEDUP = 16, 17, 18, 19, 20, 21
+local F_SEQ, F_FRONT, F_MAXR, F_CREATED, F_RUNAT, F_DEDUP, F_PART = 16, 17, 18, 19, 20, 21, 22
 -- Payloads up to this many bytes live in the record (one read less per claim, one hash entry
 -- less per task); longer ones in the payloads hash, so that rewriting a record stays cheap.
 local INLINE = 200
@@ -60,9 +71,10 @@ local function fmt(x)
 end
 
 -- @helper load:
--- A record packs 21 values, so its MessagePack array header is always 3 bytes (array 16) and the
--- values follow one after another: unpacked as a sequence, they fill a table built at its size
--- in one step (unpacking the array grows its table one value at a time, at twice the cost).
+-- A record packs 21 values (22 with a partition), so its MessagePack array header is always 3
+-- bytes (array 16) and the values follow one after another: unpacked as a sequence, they fill a
+-- table built at its size in one step (unpacking the array grows its table one value at a time,
+-- at twice the cost).
 local function load(tasks, id)
   local raw = redis.call('HGET', tasks, id)
   if raw then return {cmsgpack.unpack(string.sub(raw, 4))} end
@@ -77,9 +89,10 @@ end
 -- @helper save_head:
 -- Write back a record whose first values changed: raw is the record as read, off the offset past
 -- those values (as cmsgpack.unpack_limit(raw, k, 3) returns it), and ... their new values. The
--- bytes of the rest are kept as they are.
+-- bytes of the rest, and the array header (21 or 22 values), are kept as they are.
 local function save_head(tasks, id, raw, off, ...)
-  redis.call('HSET', tasks, id, '\220\0\21' .. cmsgpack.pack(...) .. string.sub(raw, off + 1))
+  redis.call('HSET', tasks, id,
+             string.sub(raw, 1, 3) .. cmsgpack.pack(...) .. string.sub(raw, off + 1))
 end
 
 -- @helper zrem:
@@ -165,10 +178,55 @@ local function fence(tasks, id, token, nonce, now)
   return nil, refusal(rec[F_STATE], rec[F_ATTEMPT], rec[F_TOKEN], rec[F_REQ], token, nonce)
 end
 
--- @helper reap: load save zrem make_ready
+-- @helper park:
+-- Park a task (its record is saved by the caller): its member of the parked ZSET is its
+-- partition, a zero byte, '0' if sent to the front else '1', 16 hex digits of its sequence, a
+-- zero byte and its id, so that ZRANGEBYLEX finds a partition's next task (partition keys and
+-- ids hold no zero byte). K holds the keys parked and hot.
+local function park(K, rec, id)
+  local part, flag = rec[F_PART], 1
+  if rec[F_FRONT] == 1 then flag = 0 end
+  rec[F_STATE] = PARKED
+  redis.call('ZADD', K.parked, 0,
+             part .. '\0' .. string.format('%d%016x', flag, rec[F_SEQ]) .. '\0' .. id)
+  redis.call('ZINCRBY', K.hot, -1, part)
+end
+
+-- @helper unpark: load save member lower_wake
+-- A task of partition part became done or dead: count it out of the partition's busy tasks and,
+-- if none is left, start the partition's next parked task (lowest sequence; queued, or scheduled
+-- if its run_at is ahead), which makes the partition busy again. K holds the keys: tasks,
+-- counters, ready, waiting, index, busy, parked, hot.
+local function unpark(K, part, now)
+  if redis.call('HINCRBY', K.busy, part, -1) > 0 then return end
+  local head = redis.call('ZRANGEBYLEX', K.parked, '[' .. part .. '\0', '(' .. part .. '\1',
+                          'LIMIT', 0, 1)[1]
+  if not head then
+    redis.call('HDEL', K.busy, part)
+    return
+  end
+  redis.call('ZREM', K.parked, head)
+  if tonumber(redis.call('ZINCRBY', K.hot, 1, part)) >= 0 then redis.call('ZREM', K.hot, part) end
+  redis.call('HSET', K.busy, part, 1)
+  local id = string.sub(head, #part + 20)
+  local rec = load(K.tasks, id)
+  if rec[F_RUNAT] > now then
+    rec[F_STATE] = SCHEDULED
+    redis.call('ZADD', K.waiting, rec[F_RUNAT], id)
+    lower_wake(K.counters, rec[F_RUNAT])
+  else
+    rec[F_STATE] = QUEUED
+    redis.call('ZADD', K.ready, 0, member(rec, id))
+    redis.call('ZADD', K.index, -rec[F_CREATED], id)
+  end
+  save(K.tasks, id, rec)
+end
+
+-- @helper reap: load save zrem make_ready unpark
 -- Requeue (or dead-letter, past max_reclaims) the expired leases ids (read by the caller from
 -- the index, oldest expiry first, at most a cap of them). Appends id, attempt, outcome to out
--- for each. K holds the keys: tasks, errors, counters, ready, index, dead.
+-- for each. K holds the keys: tasks, errors, counters, ready, waiting, index, dead, busy,
+-- parked, hot.
 local function reap(K, ids, now, front, out)
   zrem(K.index, ids)  -- first: a requeued task comes back into the index as a queued one
   for _, id in ipairs(ids) do
@@ -191,6 +249,7 @@ local function reap(K, ids, now, front, out)
         make_ready(rec, id, front, K.counters, K.ready, K.index)
       end
       save(K.tasks, id, rec)
+      if outcome == 'dead' and rec[F_PART] then unpark(K, rec[F_PART], now) end
       out[#out + 1] = id
       out[#out + 1] = rec[F_ATTEMPT]
       out[#out + 1] = outcome
@@ -212,6 +271,6 @@ local function task_reply(K, id, rec)
     fmt(rec[F_EXPIRES]), fmt(rec[F_FINISHED]),
     payload(K.payloads, id, rec), redis.call('HGET', K.progress, id),
     redis.call('HGET', K.checkpoints, id), redis.call('HGET', K.results, id),
-    redis.call('HGET', K.errors, id),
+    redis.call('HGET', K.errors, id), rec[F_PART] or false,
   }
 end

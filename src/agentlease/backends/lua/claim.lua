@@ -3,8 +3,9 @@
 --
 -- On the way: promote due scheduled and retry-waiting tasks to ready (at most cap), and reap
 -- expired leases (at most cap): to the front of their priority, or dead-lettered past
--- max_reclaims. Then pop the n first ready tasks (priority, then front, then sequence) and lease
--- each with the token the caller drew for it, attempt + 1, and an expiry on the store's clock.
+-- max_reclaims (a dead task frees its partition: see unpark in _lib.lua). Then pop the n first
+-- ready tasks (priority, then front, then sequence) and lease each with the token the caller
+-- drew for it, attempt + 1, and an expiry on the store's clock.
 --
 -- Both searches are skipped while the clock is before the counters' 'wake' time, a lower bound
 -- of the scores of waiting and of the leases in the index (see the lower_wake helper): a claim
@@ -14,7 +15,8 @@
 --
 -- helpers: clock save_head
 -- KEYS: 1 tasks, 2 payloads, 3 checkpoints, 4 errors, 5 counters, 6 ready, 7 waiting,
---       8 index, 9 dead
+--       8 index, 9 dead, 10 busy (partition -> busy tasks), 11 parked, 12 hot (partition ->
+--       minus its parked tasks)
 -- ARGV: 1 the terms, separated by single spaces: n, lease_for seconds, max_total seconds,
 --       progress_timeout seconds ('-' for none), reap to the front (1) or the back (0), cap on
 --       promotions and on reaps; 2 n tokens of 32 characters, concatenated
@@ -54,8 +56,9 @@ if woke then
   end
   local expired = redis.call('ZRANGEBYSCORE', index, '(0', now, 'LIMIT', 0, cap)
   if #expired > 0 then
-    reap({tasks = tasks, errors = KEYS[4], counters = counters, ready = ready, index = index,
-          dead = KEYS[9]}, expired, now, front == '1', reaped)
+    reap({tasks = tasks, errors = KEYS[4], counters = counters, ready = ready, waiting = waiting,
+          index = index, dead = KEYS[9], busy = KEYS[10], parked = KEYS[11], hot = KEYS[12]},
+         expired, now, front == '1', reaped)
   end
   -- Nothing left is due before the first of those scores (which is now or earlier when a
   -- search stopped at cap, so that the next claim searches again).

@@ -1,8 +1,11 @@
 #!lua
--- complete: mark a leased task done with its result, fenced, in one atomic step.
+-- complete: mark a leased task done with its result, fenced, in one atomic step. A task with a
+-- partition frees it, and the partition's next parked task starts if it is no longer busy.
 --
 -- helpers: clock save_head
--- KEYS: 1 tasks, 2 results, 3 index (leases by expiry, queued tasks)
+-- KEYS: 1 tasks, 2 results, 3 index (leases by expiry, queued tasks), 4 counters (claim's wake
+--       time), 5 ready, 6 waiting, 7 busy (partition -> busy tasks), 8 parked, 9 hot
+--       (partition -> minus its parked tasks)
 -- ARGV: 1 task id, 2 token, 3 request nonce, 4 result JSON ('' for none)
 -- Returns: 1 when done; {'replayed'} when this same request was already applied (a retry after
 --          a lost reply); {'lost', current attempt, state, reason} when the lease is not held;
@@ -21,4 +24,11 @@ end
 save_head(tasks, id, raw, off, DONE, attempt, false, false, nonce, now)
 if result ~= '' then redis.call('HSET', results, id, result) end
 redis.call('ZREM', index, id)
+-- The record's third byte is its number of values: 22 when it has a partition (see _lib.lua).
+if string.byte(raw, 3) == 22 then
+  -- helpers here: unpark
+  local K = {tasks = tasks, counters = KEYS[4], ready = KEYS[5], waiting = KEYS[6],
+             index = index, busy = KEYS[7], parked = KEYS[8], hot = KEYS[9]}
+  unpark(K, select(F_PART, cmsgpack.unpack(string.sub(raw, 4))), now)
+end
 return 1

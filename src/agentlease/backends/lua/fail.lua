@@ -1,10 +1,12 @@
 #!lua
 -- fail: record a raised error on a leased task, fenced, in one atomic step: wait for a retry
--- after retry_in seconds (state failed), or dead-letter it (state dead).
+-- after retry_in seconds (state failed), or dead-letter it (state dead). A dead task with a
+-- partition frees it, and the partition's next parked task starts if it is no longer busy.
 --
 -- helpers: clock fence save task_reply lower_wake
 -- KEYS: 1 tasks, 2 payloads, 3 results, 4 progress, 5 checkpoints, 6 errors, 7 counters,
---       8 index (leases by expiry, queued tasks), 9 waiting, 10 dead
+--       8 index (leases by expiry, queued tasks), 9 waiting, 10 dead, 11 ready, 12 busy
+--       (partition -> busy tasks), 13 parked, 14 hot (partition -> minus its parked tasks)
 -- ARGV: 1 task id, 2 token, 3 request nonce, 4 error JSON, 5 retry_in seconds ('' to dead-letter)
 -- Returns: {'ok', task...} with the task as it now stands (the values of get.lua), or
 --          {'replayed', task...} for a retry of this same request, or {'lost', current attempt,
@@ -40,4 +42,9 @@ end
 save(K.tasks, id, rec)
 redis.call('HSET', K.errors, id, err)
 redis.call('ZREM', index, id)
+if rec[F_STATE] == DEAD and rec[F_PART] then
+  -- helpers here: unpark
+  unpark({tasks = K.tasks, counters = counters, ready = KEYS[11], waiting = waiting,
+          index = index, busy = KEYS[12], parked = KEYS[13], hot = KEYS[14]}, rec[F_PART], now)
+end
 return {'ok', task_reply(K, id, rec)}

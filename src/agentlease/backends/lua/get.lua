@@ -6,7 +6,8 @@
 -- ARGV: 1 task id
 -- Returns: the task, flat: id, state, priority, attempt, reclaims, failures, max_reclaims,
 --          created_at, run_at, dedup key, leased_at, expires_at, finished_at, payload, progress,
---          checkpoint, result, error (times as strings; absent values nil); nil if no such task.
+--          checkpoint, result, error, partition (times as strings; absent values nil); nil if no
+--          such task.
 local K = {tasks = KEYS[1], payloads = KEYS[2], results = KEYS[3], progress = KEYS[4],
            checkpoints = KEYS[5], errors = KEYS[6]}
 local rec = load(K.tasks, ARGV[1])
