@@ -49,7 +49,6 @@ from urllib.parse import urlsplit
 
 import click
 import orjson
-from rich import box
 from rich.progress import Progress
 from rich.table import Table
 
@@ -57,6 +56,7 @@ from agentlease._codec import JSON
 from agentlease._sync.state import SharedState
 from agentlease.backends import connect
 from agentlease.backends.base import Backend
+from agentlease.cli._bench_keys import round_trip_table
 from agentlease.cli._bench_loops import ROUNDS, RawSQLite, split, sqlite_synchronous
 
 __all__ = [
@@ -444,27 +444,11 @@ def local_guards(url: str, scratch: Path, calls: int, progress: Progress | None)
 
 def guards_table(rows: list[GuardRow], url: str) -> Table:
     """The rows as the ``bench`` command prints them."""
-    table = Table(title=f"shared-state guards on {url}", box=box.SIMPLE_HEAD)
-    table.add_column("row", style="bold", no_wrap=True)
-    table.add_column("calls", justify="right")
-    table.add_column("library µs/call", justify="right", style="cyan")
-    table.add_column("raw µs/op", justify="right")
-    table.add_column("raw ops/call", justify="right")
-    table.add_column("ideal", justify="right")
-    for r in rows:
-        # Within a quarter of the round trips the design needs (memory has no round trip).
-        style = "green" if r.round_trips <= 1.25 * r.ideal else "yellow"
-        table.add_row(
-            r.label,
-            str(sum(r.sizes)),
-            f"{r.us_per_call:,.1f}",
-            f"{r.baseline_us_per_op:,.2f}",
-            f"[{style}]{r.round_trips:.2f}[/]",
-            f"{r.ideal:.0f}",
-        )
-    if rows:
-        lines = [f"{r.label}: {r.operation}" for r in rows]
-        if rows[0].backend == "memory":
-            lines.append("memory has no round trip: raw ops/call is the library's CPU cost")
-        table.caption = "\n".join(lines)
-    return table
+    lines = [f"{r.label}: {r.operation}" for r in rows]
+    if rows and rows[0].backend == "memory":
+        lines.append("memory has no round trip: raw ops/call is the library's CPU cost")
+    cells = [
+        (r.label, sum(r.sizes), r.us_per_call, r.baseline_us_per_op, r.round_trips, r.ideal)
+        for r in rows
+    ]
+    return round_trip_table(f"shared-state guards on {url}", cells, "\n".join(lines))

@@ -63,6 +63,7 @@ __all__ = [
     "RawSQLiteKeys",
     "keys_table",
     "local_keys",
+    "round_trip_table",
     "run_keys",
 ]
 
@@ -343,30 +344,49 @@ def local_keys(url: str, scratch: Path, calls: int, progress: Progress | None) -
         library.close()
 
 
-def keys_table(rows: list[KeyRow], url: str) -> Table:
-    """The rows as the ``bench`` command prints them."""
-    table = Table(title=f"@idempotent around a no-op on {url}", box=box.SIMPLE_HEAD)
+def round_trip_table(
+    title: str, rows: list[tuple[str, int, float, float, float, float]], caption: str
+) -> Table:
+    """A table of rows measured in raw round trips: (label, calls, library µs per call, raw µs
+    per operation, raw operations per call, the ideal number)."""
+    table = Table(title=title, box=box.SIMPLE_HEAD, caption=caption or None)
     table.add_column("row", style="bold", no_wrap=True)
     table.add_column("calls", justify="right")
     table.add_column("library µs/call", justify="right", style="cyan")
     table.add_column("raw µs/op", justify="right")
     table.add_column("raw ops/call", justify="right")
     table.add_column("ideal", justify="right")
-    for r in rows:
+    for label, calls, us, raw_us, round_trips, ideal in rows:
         # Within a quarter of the round trips the design needs (memory has no round trip).
-        style = "green" if r.round_trips <= 1.25 * r.ideal else "yellow"
+        style = "green" if round_trips <= 1.25 * ideal else "yellow"
         table.add_row(
-            "first call" if r.phase == "first" else "replay",
-            str(sum(r.sizes)),
-            f"{r.us_per_call:,.1f}",
-            f"{r.baseline_us_per_call:,.2f}",
-            f"[{style}]{r.round_trips:.2f}[/]",
-            f"{r.ideal:.0f}",
+            label,
+            str(calls),
+            f"{us:,.1f}",
+            f"{raw_us:,.2f}",
+            f"[{style}]{round_trips:.2f}[/]",
+            f"{ideal:.0f}",
         )
+    return table
+
+
+def keys_table(rows: list[KeyRow], url: str) -> Table:
+    """The rows as the ``bench`` command prints them."""
+    caption = ""
     if rows:
         caption = f"raw op: {rows[0].operation}, on a new key beside first calls, on the same"
         caption += " key again beside replays"
         if rows[0].backend == "memory":
             caption += "; memory has no round trip: raw ops/call is the library's CPU cost"
-        table.caption = caption
-    return table
+    cells = [
+        (
+            "first call" if r.phase == "first" else "replay",
+            sum(r.sizes),
+            r.us_per_call,
+            r.baseline_us_per_call,
+            r.round_trips,
+            r.ideal,
+        )
+        for r in rows
+    ]
+    return round_trip_table(f"@idempotent around a no-op on {url}", cells, caption)
