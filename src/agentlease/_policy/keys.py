@@ -28,6 +28,7 @@ __all__ = [
     "derive_key",
     "fingerprint",
     "key_and_fingerprint",
+    "reservable",
 ]
 
 KEY_VERSION = 1
@@ -133,3 +134,24 @@ def check_key(key: object) -> str:
             " without spaces"
         )
     return key
+
+
+def reservable(
+    *,
+    state: str,
+    fingerprint: str,
+    stored_fingerprint: str,
+    held: bool,
+    expires_at: float | None,
+    purge_at: float,
+    now: float,
+) -> bool:
+    """Whether a reserve may take a stored key: past its window (a new action), or in flight
+    with its in-flight lease run out and either the same arguments or no holder (released).
+
+    The rule every backend's ``reserve_key`` applies, in its own language where it must.
+    """
+    if purge_at <= now:
+        return True
+    expired = state == "in_flight" and expires_at is not None and expires_at <= now
+    return expired and (stored_fingerprint == fingerprint or not held)

@@ -11,6 +11,7 @@ import heapq
 import secrets
 from dataclasses import dataclass
 
+from agentlease._policy.keys import reservable
 from agentlease._records import KeyHold, KeyRecord, KeyState
 from agentlease.errors import ReservationLost
 
@@ -94,11 +95,14 @@ class KeyTable:
             self._keys[key] = row
             self._set_purge(key, row, expires + window)
             return KeyHold(key, token, fence, expires)
-        takeover = (
-            row.state == "in_flight"
-            and row.expires_at is not None
-            and row.expires_at <= now
-            and (row.fingerprint == fingerprint or row.token is None)
+        takeover = reservable(
+            state=row.state,
+            fingerprint=fingerprint,
+            stored_fingerprint=row.fingerprint,
+            held=row.token is not None,
+            expires_at=row.expires_at,
+            purge_at=row.purge_at,
+            now=now,
         )
         if not takeover:
             return self._record(key, row, now)

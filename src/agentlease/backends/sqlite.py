@@ -6,13 +6,8 @@ transaction (enqueue, claim, reap, requeue), which takes the write lock before r
 processes can pick the same task. The clock is this machine's, read inside that step; every
 process on the machine shares it. SQL lives in ``sql/sqlite.sql``.
 
-Idempotency keys live in ``agentlease_keys`` (added by schema version 2, created when an older
-database is opened). ``reserve_key`` is one ``BEGIN IMMEDIATE`` transaction (read the key, then
-one ``INSERT ... ON CONFLICT DO UPDATE ... WHERE ... RETURNING``); the holder writes are single
-statements fenced by the token; ``purge_keys`` deletes through the index on ``purge_at``.
-
-Versioned records, bounded counters and lock sets (schema version 3) are in
-:mod:`agentlease.backends._sqlite_state`.
+Idempotency keys (``_sqlite_keys.py``) and the shared-state guards (``_sqlite_state.py``) are
+bases of the backend class, on the same connection and the same kind of atomic step.
 
 Partitions (schema version 4): ``enqueue`` and ``requeue_dead`` park a task whose partition is
 busy, checked per row inside their one transaction (so an earlier task of the same call counts);
@@ -44,8 +39,6 @@ from agentlease._policy.lease import (
 from agentlease._records import (
     Enqueued,
     Job,
-    KeyHold,
-    KeyRecord,
     Lease,
     LeaseInfo,
     LeaseTerms,
@@ -53,11 +46,11 @@ from agentlease._records import (
     QueueStats,
     Reaped,
     Task,
-    key_record_from_row,
     renewed_leases,
     task_from_row,
 )
 from agentlease.backends._sqlfile import queries
+from agentlease.backends._sqlite_keys import SQLiteKeys
 from agentlease.backends._sqlite_state import SQLiteState
 from agentlease.backends._threaded import ThreadedAsyncBackend
 from agentlease.backends.base import AsyncBackend
@@ -65,7 +58,6 @@ from agentlease.errors import (
     BackendError,
     BackendUnavailable,
     LeaseLost,
-    ReservationLost,
     UnknownQueue,
     UnknownTask,
 )
@@ -84,16 +76,6 @@ def _translate(path: str, exc: sqlite3.Error) -> BackendError:
     if isinstance(exc, sqlite3.OperationalError):
         return BackendUnavailable(f"SQLite database {path!r}: {exc}")
     return BackendError(f"SQLite database {path!r}: {exc}")
-
-
-def _may_reserve(row: Sequence[Any], fingerprint: str, now: float) -> bool:
-    """Whether ``key_reserve`` could write over this ``key_row``: past its window, or in flight
-    with its lease run out and the same fingerprint or no holder. The statement decides."""
-    _key, state, fp, _fence, holder, expires_at, *_rest, purge_at = row
-    if purge_at <= now:
-        return True
-    expired: bool = state == "in_flight" and expires_at <= now
-    return expired and (fp == fingerprint or holder == "")
 
 
 class _Step:
@@ -142,7 +124,7 @@ class _Step:
             raise _translate(backend.path, exc) from exc
 
 
-class SQLiteBackend(SQLiteState):
+class SQLiteBackend(SQLiteKeys, SQLiteState):
     """Tasks in one SQLite database file, shared by every process on the machine.
 
     Args:
@@ -441,76 +423,6 @@ class SQLiteBackend(SQLiteState):
                 new_seq = front_seq(seq) if front else self._next_seq(db, queue)
                 db.execute(Q["requeue_dead"], {"id": task_id, "seq": new_seq, "now": now})
             return len(chosen)
-
-    # -- idempotency keys -------------------------------------------------------------------------
-
-    def reserve_key(
-        self, key: str, fingerprint: str, holder: str, hold_for: float, window: float
-    ) -> KeyHold | KeyRecord:
-        # A replay, a live duplicate or a conflict writes nothing: answer those from a read,
-        # without the write lock. Anything else is decided again under it.
-        with self._step(write=False) as db:
-            now = time.time()
-            row = db.execute(Q["key_row"], {"key": key}).fetchone()
-        if row is not None and not _may_reserve(row, fingerprint, now):
-            return key_record_from_row(row, now)
-        with self._step(write=True) as db:  # the write lock is held from the read to the write
-            now = time.time()
-            before = db.execute(Q["key_row"], {"key": key}).fetchone()
-            expires = now + hold_for
-            params = {
-                "key": key,
-                "fingerprint": fingerprint,
-                "holder": holder,
-                "now": now,
-                "expires_at": expires,
-                "purge_at": expires + window,
-            }
-            won = db.execute(Q["key_reserve"], params).fetchall()  # all: it must finish
-        if not won:
-            return key_record_from_row(before, now)
-        ((token, fence),) = won
-        # A row past its window was absent (a new action); a live one was taken over.
-        taken_over = before is not None and before[10] > now
-        return KeyHold(key, token, fence, expires, taken_over)
-
-    def _key_write(self, name: str, hold: KeyHold, params: dict[str, Any]) -> tuple[Any, ...]:
-        """One fenced key write (a single statement) and the row it returns; ReservationLost if
-        the key is not held with this token."""
-        with self._step(write=False) as db:
-            now = time.time()
-            params.update(key=hold.key, token=hold.token, now=now)
-            rows = db.execute(Q[name], params).fetchall()  # all: the statement must finish
-            if rows:
-                return tuple(rows[0])
-            row = db.execute(Q["key_fence"], {"key": hold.key, "now": now}).fetchone()
-        fence, state = (None, None) if row is None else row
-        raise ReservationLost(hold.key, hold.fence, fence, state)
-
-    def extend_key(self, hold: KeyHold, hold_for: float) -> KeyHold:
-        (expires,) = self._key_write("key_extend", hold, {"hold_for": hold_for})
-        return KeyHold(hold.key, hold.token, hold.fence, expires, hold.taken_over)
-
-    def complete_key(self, hold: KeyHold, result_json: bytes | None, window: float) -> None:
-        params = {"state": "done", "result": result_json, "error": None, "window": window}
-        self._key_write("key_finish", hold, params)
-
-    def fail_key(self, hold: KeyHold, error_json: bytes, window: float) -> None:
-        params = {"state": "failed", "result": None, "error": error_json, "window": window}
-        self._key_write("key_finish", hold, params)
-
-    def release_key(self, hold: KeyHold) -> None:
-        self._key_write("key_release", hold, {})
-
-    def get_key(self, key: str) -> KeyRecord | None:
-        with self._step(write=False) as db:
-            now = time.time()
-            row = db.execute(Q["key_get"], {"key": key, "now": now}).fetchone()
-        return None if row is None else key_record_from_row(row, now)
-
-    def purge_keys(self, limit: int) -> int:
-        with self._step(write=False) as db:  # one statement
-            return db.execute(Q["key_purge"], {"now": time.time(), "limit": limit}).rowcount
 
     def close(self) -> None:
         with self._lock:
