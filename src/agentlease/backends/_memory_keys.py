@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import heapq
 import secrets
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from agentlease._policy.keys import reservable
 from agentlease._records import KeyHold, KeyRecord, KeyState
 from agentlease.errors import ReservationLost
 
-__all__ = ["KeyTable"]
+__all__ = ["KeyTable", "MemoryKeys"]
 
 
 @dataclass(slots=True)
@@ -161,3 +164,43 @@ class KeyTable:
                 del self._keys[key]
                 purged += 1
         return purged
+
+
+class MemoryKeys:
+    """The ``*_key`` primitives of the memory backend (a base of the backend class), each under
+    the backend's lock."""
+
+    if TYPE_CHECKING:
+        _lock: threading.RLock
+        _clock: Callable[[], float]
+        _keys: KeyTable
+
+    def reserve_key(
+        self, key: str, fingerprint: str, holder: str, hold_for: float, window: float
+    ) -> KeyHold | KeyRecord:
+        with self._lock:
+            return self._keys.reserve(key, fingerprint, holder, hold_for, window, self._clock())
+
+    def extend_key(self, hold: KeyHold, hold_for: float) -> KeyHold:
+        with self._lock:
+            return self._keys.extend(hold, hold_for, self._clock())
+
+    def complete_key(self, hold: KeyHold, result_json: bytes | None, window: float) -> None:
+        with self._lock:
+            self._keys.finish(hold, "done", result_json, None, window, self._clock())
+
+    def fail_key(self, hold: KeyHold, error_json: bytes, window: float) -> None:
+        with self._lock:
+            self._keys.finish(hold, "failed", None, error_json, window, self._clock())
+
+    def release_key(self, hold: KeyHold) -> None:
+        with self._lock:
+            self._keys.release(hold, self._clock())
+
+    def get_key(self, key: str) -> KeyRecord | None:
+        with self._lock:
+            return self._keys.get(key, self._clock())
+
+    def purge_keys(self, limit: int) -> int:
+        with self._lock:
+            return self._keys.purge(limit, self._clock())

@@ -8,15 +8,17 @@ looks at live locks.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import orjson
 
 from agentlease._records import LockBusy, RecordWrite, StateRecord
 from agentlease.errors import ConflictError, FencedOff, LimitReached, TransitionRefused
 
-__all__ = ["StateTables", "check_write"]
+__all__ = ["MemoryState", "StateTables", "applied", "check_write"]
 
 
 def _decoded(data: bytes | None) -> object:
@@ -150,3 +152,49 @@ class StateTables:
                 lock.owner = None
                 swept += 1
         return swept
+
+
+class MemoryState:
+    """The ``*_record``, ``*_counter`` and ``*_locks`` primitives of the memory backend (a base
+    of the backend class), each under the backend's lock."""
+
+    if TYPE_CHECKING:
+        _lock: threading.RLock
+        _clock: Callable[[], float]
+        _state: StateTables
+
+    def get_record(self, key: str) -> StateRecord | None:
+        with self._lock:
+            return self._state.records.get(key)
+
+    def write_record(self, key: str, write: RecordWrite) -> StateRecord:
+        with self._lock:
+            return self._state.write_record(key, write, self._clock())
+
+    def add_counter(self, name: str, delta: int, low: int | None, high: int | None) -> int:
+        with self._lock:
+            return self._state.add_counter(name, delta, low, high)
+
+    def get_counter(self, name: str) -> int:
+        with self._lock:
+            return self._state.counters.get(name, 0)
+
+    def acquire_locks(self, names: Sequence[str], owner: str, ttl: float) -> list[int] | LockBusy:
+        with self._lock:
+            return self._state.acquire(names, owner, ttl, self._clock())
+
+    def extend_locks(self, names: Sequence[str], owner: str, ttl: float) -> list[str]:
+        with self._lock:
+            return self._state.extend(names, owner, ttl, self._clock())
+
+    def release_locks(self, names: Sequence[str], owner: str) -> list[str]:
+        with self._lock:
+            return self._state.release(names, owner, self._clock())
+
+    def lock_holders(self, names: Sequence[str]) -> list[tuple[str, float] | None]:
+        with self._lock:
+            return self._state.holders(names, self._clock())
+
+    def sweep_locks(self, limit: int) -> int:
+        with self._lock:
+            return self._state.sweep(limit, self._clock())

@@ -6,7 +6,7 @@ and leases sit in heaps by time. Heap entries are validated when popped (lazy de
 extend and complete cost O(log n) and the reaper's cost grows with the expired leases only.
 Idempotency keys live in a :class:`~agentlease.backends._memory_keys.KeyTable`, versioned
 records, counters and locks in a :class:`~agentlease.backends._memory_state.StateTables`, under
-the same lock.
+the same lock; their primitives are the bases MemoryKeys and MemoryState.
 """
 
 from __future__ import annotations
@@ -24,22 +24,17 @@ from agentlease._policy.lease import front_seq, is_live, lease_expiry, lost_reas
 from agentlease._records import (
     Enqueued,
     Job,
-    KeyHold,
-    KeyRecord,
     Lease,
     LeaseInfo,
     LeaseTerms,
-    LockBusy,
     NewTask,
     QueueStats,
     Reaped,
-    RecordWrite,
-    StateRecord,
     Task,
     TaskState,
 )
-from agentlease.backends._memory_keys import KeyTable
-from agentlease.backends._memory_state import StateTables
+from agentlease.backends._memory_keys import KeyTable, MemoryKeys
+from agentlease.backends._memory_state import MemoryState, StateTables
 from agentlease.backends._threaded import ThreadedAsyncBackend
 from agentlease.backends.base import AsyncBackend
 from agentlease.errors import LeaseLost, UnknownQueue, UnknownTask
@@ -66,7 +61,7 @@ class _Lane:
     leased: list[tuple[float, str, str]]
 
 
-class MemoryBackend:
+class MemoryBackend(MemoryKeys, MemoryState):
     """Tasks held in this process's memory.
 
     Args:
@@ -489,72 +484,6 @@ class MemoryBackend:
                     self._start(lane, row, now)
                 count += 1
             return count
-
-    def reserve_key(
-        self, key: str, fingerprint: str, holder: str, hold_for: float, window: float
-    ) -> KeyHold | KeyRecord:
-        with self._lock:
-            return self._keys.reserve(key, fingerprint, holder, hold_for, window, self._clock())
-
-    def extend_key(self, hold: KeyHold, hold_for: float) -> KeyHold:
-        with self._lock:
-            return self._keys.extend(hold, hold_for, self._clock())
-
-    def complete_key(self, hold: KeyHold, result_json: bytes | None, window: float) -> None:
-        with self._lock:
-            self._keys.finish(hold, "done", result_json, None, window, self._clock())
-
-    def fail_key(self, hold: KeyHold, error_json: bytes, window: float) -> None:
-        with self._lock:
-            self._keys.finish(hold, "failed", None, error_json, window, self._clock())
-
-    def release_key(self, hold: KeyHold) -> None:
-        with self._lock:
-            self._keys.release(hold, self._clock())
-
-    def get_key(self, key: str) -> KeyRecord | None:
-        with self._lock:
-            return self._keys.get(key, self._clock())
-
-    def purge_keys(self, limit: int) -> int:
-        with self._lock:
-            return self._keys.purge(limit, self._clock())
-
-    def get_record(self, key: str) -> StateRecord | None:
-        with self._lock:
-            return self._state.records.get(key)
-
-    def write_record(self, key: str, write: RecordWrite) -> StateRecord:
-        with self._lock:
-            return self._state.write_record(key, write, self._clock())
-
-    def add_counter(self, name: str, delta: int, low: int | None, high: int | None) -> int:
-        with self._lock:
-            return self._state.add_counter(name, delta, low, high)
-
-    def get_counter(self, name: str) -> int:
-        with self._lock:
-            return self._state.counters.get(name, 0)
-
-    def acquire_locks(self, names: Sequence[str], owner: str, ttl: float) -> list[int] | LockBusy:
-        with self._lock:
-            return self._state.acquire(names, owner, ttl, self._clock())
-
-    def extend_locks(self, names: Sequence[str], owner: str, ttl: float) -> list[str]:
-        with self._lock:
-            return self._state.extend(names, owner, ttl, self._clock())
-
-    def release_locks(self, names: Sequence[str], owner: str) -> list[str]:
-        with self._lock:
-            return self._state.release(names, owner, self._clock())
-
-    def lock_holders(self, names: Sequence[str]) -> list[tuple[str, float] | None]:
-        with self._lock:
-            return self._state.holders(names, self._clock())
-
-    def sweep_locks(self, limit: int) -> int:
-        with self._lock:
-            return self._state.sweep(limit, self._clock())
 
     def close(self) -> None:
         """Nothing to release: the tasks live as long as this object."""
