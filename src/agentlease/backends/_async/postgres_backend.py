@@ -18,12 +18,8 @@ connection in autocommit mode, so each is its own transaction and one round trip
   partitions is one call of ``agentlease_enqueue()``, which, like ``requeue_dead``, parks a task
   of a busy partition; a trigger starts the next one inside the statement that makes a task done
   or dead. Whoever decides whether a partition is busy takes its advisory lock first.
-* idempotency keys live in ``agentlease_keys`` (migration ``0002_keys``): ``reserve_key`` is
-  one call of ``agentlease_reserve_key()``, which inserts the key (``ON CONFLICT DO NOTHING``: the
-  primary key lets exactly one concurrent reserver win) or locks the row and takes it over or
-  reports it; the holder writes are one ``UPDATE`` each, fenced by the token (not the clock),
-  and a refusal reads the key again to say why; ``purge_keys`` is one ``DELETE`` through the
-  index on ``purge_at``. Results and errors are ``bytea``, kept as the client's bytes.
+* idempotency keys (migration ``0002_keys``) are one function call or statement each, in
+  :mod:`.postgres_keys`; results and errors are ``bytea``, kept as the client's bytes.
 * versioned records, bounded counters and lock sets (migration ``0003_state``) are one function
   call or statement each, in :mod:`.postgres_state`.
 
@@ -56,8 +52,6 @@ from agentlease._records import (
     STATES,
     Enqueued,
     Job,
-    KeyHold,
-    KeyRecord,
     Lease,
     LeaseInfo,
     LeaseTerms,
@@ -65,7 +59,6 @@ from agentlease._records import (
     QueueStats,
     Reaped,
     Task,
-    key_record_from_row,
     renewed_leases,
 )
 from agentlease.backends import _postgres_driver as pg
@@ -85,11 +78,11 @@ from agentlease.backends.base import Backend
 from agentlease.errors import (
     BackendUnavailable,
     LeaseLost,
-    ReservationLost,
     UnknownQueue,
     UnknownTask,
 )
 
+from .postgres_keys import PostgresKeys
 from .postgres_listener import Listener
 from .postgres_schema import migrate
 from .postgres_state import PostgresState
@@ -103,13 +96,7 @@ async def _configure(conn: AsyncConnection[Any]) -> None:
     configure(conn)
 
 
-def _bytea(value: bytes | None) -> memoryview | None:
-    """Bytes to send as ``bytea``: the pool's connections send ``bytes`` as ``json`` (see
-    :func:`~agentlease.backends._postgres_driver.configure`), and a memoryview as bytea."""
-    return None if value is None else memoryview(value)
-
-
-class AsyncPostgresBackend(PostgresState):
+class AsyncPostgresBackend(PostgresKeys, PostgresState):
     """Tasks in one PostgreSQL schema, shared by every process that opens the same URL.
 
     Args:
@@ -428,74 +415,6 @@ class AsyncPostgresBackend(PostgresState):
         if not exists:
             raise UnknownQueue(queue)
         return int(requeued)
-
-    # -- idempotency keys -------------------------------------------------------------------------
-
-    async def reserve_key(
-        self, key: str, fingerprint: str, holder: str, hold_for: float, window: float
-    ) -> KeyHold | KeyRecord:
-        params = {
-            "key": key,
-            "fingerprint": fingerprint,
-            "holder": holder,
-            "hold_for": float(hold_for),
-            "window": float(window),
-        }
-        ((token, taken_over, *row, now),) = await self._fetch(Q["key_reserve"], params)
-        if token is None:
-            return key_record_from_row(row, now)
-        return KeyHold(key, token, row[3], row[5], taken_over)
-
-    async def _key_lost(self, hold: KeyHold) -> ReservationLost:
-        rows = await self._fetch(Q["key_fence"], {"key": hold.key})
-        fence, state = rows[0] if rows else (None, None)
-        return ReservationLost(hold.key, hold.fence, fence, state)
-
-    async def extend_key(self, hold: KeyHold, hold_for: float) -> KeyHold:
-        params = {"key": hold.key, "token": hold.token, "hold_for": float(hold_for)}
-        rows = await self._fetch(Q["key_extend"], params)
-        if not rows:
-            raise await self._key_lost(hold)
-        return KeyHold(hold.key, hold.token, hold.fence, rows[0][0], hold.taken_over)
-
-    async def complete_key(self, hold: KeyHold, result_json: bytes | None, window: float) -> None:
-        await self._finish_key(hold, "done", result_json, None, window)
-
-    async def fail_key(self, hold: KeyHold, error_json: bytes, window: float) -> None:
-        await self._finish_key(hold, "failed", None, error_json, window)
-
-    async def _finish_key(
-        self,
-        hold: KeyHold,
-        state: str,
-        result_json: bytes | None,
-        error_json: bytes | None,
-        window: float,
-    ) -> None:
-        params = {
-            "key": hold.key,
-            "token": hold.token,
-            "state": state,
-            "result": _bytea(result_json),
-            "error": _bytea(error_json),
-            "window": float(window),
-        }
-        if await self._write(Q["key_finish"], params) != 1:
-            raise await self._key_lost(hold)
-
-    async def release_key(self, hold: KeyHold) -> None:
-        if await self._write(Q["key_release"], {"key": hold.key, "token": hold.token}) != 1:
-            raise await self._key_lost(hold)
-
-    async def get_key(self, key: str) -> KeyRecord | None:
-        rows = await self._fetch(Q["key_get"], {"key": key})
-        if not rows:
-            return None
-        *row, now = rows[0]
-        return key_record_from_row(row, now)
-
-    async def purge_keys(self, limit: int) -> int:
-        return await self._write(Q["key_purge"], {"limit": limit})
 
     async def wait_for_work(self, queue: str, timeout: float) -> None:
         """Return when ``queue`` is notified (LISTEN/NOTIFY) or after ``timeout`` seconds."""
