@@ -32,6 +32,9 @@ Then two shared-state guard rows (``--guards`` calls each, 0 to skip; see
   existing record (ideally 1), beside one atomic version-checked write;
 * lock set of one, acquire + release: ``with state.locks([name], timeout=5): pass`` (ideally
   2), beside an owner-checked conditional acquire and an owner-checked release.
+
+On Redis and PostgreSQL the rows are measured by each backend's own module in fresh namespaces
+(see :mod:`agentlease.cli._bench_served`), with latency lines under ``--latency``.
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ from rich.table import Table
 from agentlease._codec import JSON
 from agentlease.backends import connect
 from agentlease.backends.memory import MemoryBackend
+from agentlease.cli import _bench_served
 from agentlease.cli._app import cli, console, err_console
 from agentlease.cli._bench_guards import DEFAULT_GUARDS, GuardRow, guards_table, local_guards
 from agentlease.cli._bench_keys import DEFAULT_CALLS, KeyRow, keys_table, local_keys
@@ -385,8 +389,25 @@ def bench(
     bench-guards-* records and locks.
     """
     kind = urlsplit(url).scheme.lower() if url else "sqlite"
-    if kind in SERVED:
-        _bench_served(url or "", kind, as_json, tasks, processes, batch, latency, keys, guards)
+    if kind in _bench_served.SERVED:
+        served = url or ""
+        if not as_json:
+            also = f" and {keys} idempotent calls" if keys else ""
+            also += f" and {guards} guard calls" if guards else ""
+            err_console.print(
+                f"bench: {tasks} tasks a row{also} on {served} (fresh namespace)", soft_wrap=True
+            )
+        measured = _bench_served.measure(
+            served,
+            kind,
+            tasks=tasks,
+            processes=processes,
+            batch=batch,
+            latency=latency,
+            keys=keys,
+            guards=guards,
+        )
+        _report(served, as_json, *measured)
         return
     with _scratch(url) as (target, scratch):
         stores = Stores(target, scratch)
@@ -441,65 +462,6 @@ def _report(
         console.print(f"{item['name']}: ratio {item['ratio']}  {item.get('detail', '')}")
 
 
-SERVED = ("redis", "rediss", "postgresql", "postgres")
-
-
-def _bench_served(
-    url: str,
-    kind: str,
-    as_json: bool,
-    tasks: int,
-    processes: int,
-    batch: int,
-    latency: bool,
-    keys: int,
-    guards: int,
-) -> None:
-    """The rows on Redis or PostgreSQL, each backend's own ``compare`` in fresh namespaces."""
-    if not as_json:
-        also = f" and {keys} idempotent calls" if keys else ""
-        also += f" and {guards} guard calls" if guards else ""
-        err_console.print(
-            f"bench: {tasks} tasks a row{also} on {url} (fresh namespace)", soft_wrap=True
-        )
-    extra: list[dict[str, JSON]] = []
-    key_rows: list[KeyRow] = []
-    guard_rows: list[GuardRow] = []
-    if kind.startswith("redis"):
-        from agentlease.cli import _bench_redis
-
-        rows = _bench_redis.compare(url, tasks=tasks, batch=batch, processes=processes)
-        if keys:
-            key_rows = _bench_redis.compare_keys(url, keys)
-        if guards:
-            guard_rows = _bench_redis.compare_guards(url, guards)
-        if latency:
-            f = _bench_redis.latency_and_extend(url)
-            extra = _latency_rows(
-                kind,
-                (f["claim_p50_ms_1m"], f["claim_p99_ms_1m"]),
-                (f["claim_p50_ms_1k"], f["claim_p99_ms_1k"]),
-                f["extend_10k_ms"],
-            )
-    else:
-        from agentlease.cli import _bench_postgres
-
-        rows = _bench_postgres.compare(url, tasks, processes=processes, batch=batch)
-        if keys:
-            key_rows = _bench_postgres.compare_keys(url, keys)
-        if guards:
-            guard_rows = _bench_postgres.compare_guards(url, guards)
-        if latency:
-            f = _bench_postgres.latency_and_extend(url)
-            extra = _latency_rows(
-                kind,
-                (f["p50_deep"], f["p99_deep"]),
-                (f["p50_shallow"], f["p99_shallow"]),
-                f["extend_ms"],
-            )
-    _report(url, as_json, rows, key_rows, guard_rows, extra)
-
-
 def _versus_one_at_a_time(rows: list[Row]) -> list[dict[str, JSON]]:
     """Batched claim+complete through the library against the raw one-at-a-time loop."""
     off = next(
@@ -522,35 +484,3 @@ def _versus_one_at_a_time(rows: list[Row]) -> list[dict[str, JSON]]:
             "ratio": round(on.ops_per_s / off.baseline_ops_per_s, 3),
         }
     ]
-
-
-def _latency_rows(
-    kind: str, deep: tuple[float, float], shallow: tuple[float, float], extend_ms: float
-) -> list[dict[str, JSON]]:
-    """Claim latency (p50, p99 in ms) with 1,000,000 vs 1,000 queued, as rates so that
-    ratio = shallow latency / deep latency, and the one-call extend of 10,000 leases."""
-    p50_deep, p99_deep = deep
-    p50_shallow, p99_shallow = shallow
-    rows: list[dict[str, JSON]] = []
-    for label, d, s in (("p50", p50_deep, p50_shallow), ("p99", p99_deep, p99_shallow)):
-        rows.append(
-            {
-                "name": f"claim latency {label}, 1,000,000 vs 1,000 queued",
-                "backend": kind,
-                "ops_per_s": round(1000 / d, 1) if d else 0.0,
-                "baseline_ops_per_s": round(1000 / s, 1) if s else 0.0,
-                "ratio": round(s / d, 3) if d else 0.0,
-                "detail": f"{d:.3f} ms vs {s:.3f} ms",
-            }
-        )
-    rows.append(
-        {
-            "name": "one extend call for 10,000 leases",
-            "backend": kind,
-            "ops_per_s": round(10_000 / (extend_ms / 1000), 1) if extend_ms else 0.0,
-            "baseline_ops_per_s": None,
-            "ratio": None,
-            "detail": f"{extend_ms:.1f} ms",
-        }
-    )
-    return rows
