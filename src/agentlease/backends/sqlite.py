@@ -155,11 +155,27 @@ class SQLiteBackend(SQLiteKeys, SQLiteState):
                 check_same_thread=False,
                 cached_statements=64,
             )
-            self._db.execute("PRAGMA journal_mode=WAL")
+            self._wal()
             self._db.execute(f"PRAGMA synchronous={synchronous}")
             self._migrate()
         except sqlite3.Error as exc:
             raise _translate(path, exc) from exc
+
+    def _wal(self) -> None:
+        """Switch the file to WAL. Switching needs the file to itself, and SQLite answers
+        "locked" at once, without its busy timeout, while another process opening the same new
+        file holds it: so many processes starting together retry, up to the timeout."""
+        give_up = time.monotonic() + self._timeout
+        pause = 0.005
+        while True:
+            try:
+                self._db.execute("PRAGMA journal_mode=WAL")
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() >= give_up:
+                    raise
+                time.sleep(pause)
+                pause = min(pause * 2, 0.1)
 
     def _migrate(self) -> None:
         db = self._db
