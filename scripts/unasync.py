@@ -34,6 +34,7 @@ RENAMES = {
     "AsyncRedis": "Redis",
     "AsyncRedisCluster": "RedisCluster",
     "redis_asyncio": "redis_sync",
+    "async_gate": "sync_gate",
     # PostgreSQL: psycopg's async classes and the pool's.
     "AsyncPostgresBackend": "PostgresBackend",
     "AsyncConnection": "Connection",

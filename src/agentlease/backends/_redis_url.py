@@ -32,10 +32,11 @@ from __future__ import annotations
 
 import math
 import re
+import threading
 import time
 from asyncio import sleep as async_sleep
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 import redis as redis_sync
@@ -49,14 +50,17 @@ from agentlease.errors import BackendError, BackendUnavailable, InvalidURL
 __all__ = [
     "DRIVER_ERRORS",
     "AsyncFace",
+    "Gate",
     "RedisOptions",
     "SyncFace",
+    "async_gate",
     "async_sleep",
     "connect",
     "connect_async",
     "parse",
     "redis_asyncio",
     "redis_sync",
+    "sync_gate",
     "sync_sleep",
     "translate",
     "twin_async",
@@ -64,6 +68,43 @@ __all__ = [
 ]
 
 sync_sleep = time.sleep
+
+
+class Gate(Protocol):
+    """Lets one caller at a time through, and turns the others away at once (never waits)."""
+
+    def acquire(self, blocking: bool = ...) -> bool: ...
+
+    def release(self) -> None: ...
+
+
+class _Flag:
+    """A :class:`Gate` for one event loop: nothing runs between the check and the set."""
+
+    __slots__ = ("_held",)
+
+    def __init__(self) -> None:
+        self._held = False
+
+    def acquire(self, blocking: bool = False) -> bool:
+        if self._held:
+            return False
+        self._held = True
+        return True
+
+    def release(self) -> None:
+        self._held = False
+
+
+def async_gate() -> Gate:
+    """A gate for the asyncio face (``sync_gate`` in the generated twin)."""
+    return _Flag()
+
+
+def sync_gate() -> Gate:
+    """A gate for the synchronous face, whose callers may be threads."""
+    return threading.Lock()
+
 
 _PREFIX = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:-]{0,63}")
 _TLS_OPTIONS = {

@@ -7,6 +7,14 @@ complete script checks the mark, removes it and stores the result. That is the l
 queue on Redis does per task; the library's scripts also keep priorities, fencing tokens, attempt
 counters, reaping, dead letters and state counts.
 
+Every raw baseline sends its scripts over the transport the library uses (see
+:mod:`agentlease.backends._async.redis_link`): on a plain Redis, one connection kept out of
+redis-py's pool, with ``send_command`` and ``read_response``; on a cluster, the client. So a
+ratio measures what the library's scripts and Python cost, not how redis-py is called. Two more
+rows put the library beside the same raw loop through redis-py's client API (``Script`` objects
+and ``execute_command``: a pool checkout, a retry wrapper and metrics hooks per call), the way
+a Redis queue usually calls its scripts.
+
 :func:`latency_and_extend` measures what throughput does not show: claim latency with a short
 and with a million-task queue (the cost must not grow with depth), one heartbeat ``extend`` of
 10,000 leases, and a reap with nothing expired beside one with 1,000 expired leases (the
@@ -30,7 +38,7 @@ import sys
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import click
@@ -53,6 +61,7 @@ from agentlease.cli.bench import Row, Stores, cases, run_bench
 from agentlease.errors import InvalidURL
 
 __all__ = [
+    "CLIENT_API",
     "RawRedis",
     "RawRedisGuards",
     "RawRedisKeys",
@@ -83,6 +92,10 @@ if redis.call('HDEL', KEYS[1], ARGV[1]) == 0 then return 0 end
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
 return 1
 """
+
+
+CLIENT_API = "client-API raw"
+"""What the names of the rows measured beside the client-API raw loop end with."""
 
 
 def raw_url(url: str) -> str:
@@ -121,25 +134,68 @@ def _drop(url: str, prefix: str) -> None:
         client.close()
 
 
+class Pinned:
+    """Commands over one connection kept out of a client's pool (``send_command`` and
+    ``read_response``, after the same ``can_read`` check), as the library sends its scripts on
+    a plain Redis; through the client on a cluster, as the library does there.
+
+    Args:
+        client: a redis-py client.
+    """
+
+    def __init__(self, client: redis.Redis | redis.RedisCluster) -> None:
+        self.client = client
+        self._conn: Any = None
+        if isinstance(client, redis.Redis):
+            pool: Any = client.connection_pool
+            self._conn = pool.get_connection()
+
+    def __call__(self, *args: Any) -> Any:
+        """Send one command and return its reply."""
+        conn = self._conn
+        if conn is None:
+            execute: Any = self.client.execute_command
+            return execute(*args)
+        if conn.can_read():
+            conn.disconnect()
+        conn.send_command(*args)
+        return conn.read_response()
+
+    def close(self) -> None:
+        """Give the connection back and close the client."""
+        try:
+            if self._conn is not None and isinstance(self.client, redis.Redis):
+                pool: Any = self.client.connection_pool
+                pool.release(self._conn)
+        finally:
+            self.client.close()
+
+
 class RawRedis:
     """The raw baseline: two minimal scripts through redis-py, no agentlease.
 
     Args:
         url: a ``redis://`` URL; its ``prefix`` names the baseline's keys.
+        client_api: call the scripts through redis-py's client API (``Script`` objects) instead
+            of the library's transport (see :class:`Pinned`).
     """
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, client_api: bool = False) -> None:
         self.url = url
         self.prefix = parse(url).prefix
         self.client = _client(url)
+        self.client_api = client_api
+        self._send = Pinned(self.client)
         self._claim = self.client.register_script(_CLAIM)
         self._complete = self.client.register_script(_COMPLETE)
+        self._send("SCRIPT", "LOAD", _CLAIM)
+        self._send("SCRIPT", "LOAD", _COMPLETE)
         self._filled: set[str] = set()
 
     @classmethod
-    def open(cls, url: str) -> RawRedis:
+    def open(cls, url: str, *, client_api: bool = False) -> RawRedis:
         """A baseline driver with a connection of its own (for spawned worker processes)."""
-        return cls(url)
+        return cls(url, client_api=client_api)
 
     def _keys(self, queue: str) -> tuple[str, str, str, str]:
         tag = f"{{{self.prefix}:{queue}}}"
@@ -161,16 +217,29 @@ class RawRedis:
         ready, leased, payloads, done = self._keys(queue)
         claim, complete = self._claim, self._complete
         claim_keys, complete_keys = [ready, leased, payloads], [leased, done]
+        send, claim_sha, complete_sha = self._send, claim.sha, complete.sha
+        client_api = self.client_api
+
+        def claim_one() -> Any:
+            if client_api:
+                return claim(keys=claim_keys, args=[batch, LEASE_FOR])
+            return send("EVALSHA", claim_sha, 3, *claim_keys, batch, LEASE_FOR)
+
+        def complete_one(task_id: bytes) -> Any:
+            if client_api:
+                return complete(keys=complete_keys, args=[task_id, ""])
+            return send("EVALSHA", complete_sha, 2, *complete_keys, task_id, "")
+
         claimed = 0
         while True:
-            reply = claim(keys=claim_keys, args=[batch, LEASE_FOR])
+            reply = claim_one()
             if not reply:
                 return claimed
             claimed += len(reply) // 2
             if mode == "claim_only":
                 continue
             if batch == 1:
-                replies = [complete(keys=complete_keys, args=[reply[0], ""])]
+                replies = [complete_one(reply[0])]
             else:  # the same script per task, pipelined: one round trip for the batch
                 pipe = self.client.pipeline(transaction=False)
                 for i in range(0, len(reply), 2):
@@ -186,17 +255,19 @@ class RawRedis:
                 for key in self._keys(queue):
                     self.client.unlink(key)
         finally:
-            self.client.close()
+            self._send.close()
 
 
 @dataclass(frozen=True, slots=True)
 class RawRedisTarget(Target):
     """How a spawned bench process opens the raw Redis baseline."""
 
+    client_api: bool = False
+
     def open(self) -> Driver:
         if self.kind == "library":
             return Library(connect(self.url))
-        return RawRedis.open(self.url)
+        return RawRedis.open(self.url, client_api=self.client_api)
 
 
 class RedisStores(Stores):
@@ -206,29 +277,44 @@ class RedisStores(Stores):
     baseline deletes its keys on close.
     """
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, client_api: bool = False) -> None:
         raw = raw_url(url)
         self.kind = "rediss" if parse(url).tls else "redis"
-        self.targets = (RawRedisTarget("library", url), RawRedisTarget("raw", raw))
+        self.targets = (
+            RawRedisTarget("library", url),
+            RawRedisTarget("raw", raw, client_api=client_api),
+        )
         self.library = Library(connect(url))
-        self.raw = RawRedis.open(raw)
+        self.raw = RawRedis.open(raw, client_api=client_api)
 
 
 def compare(url: str, *, tasks: int = 30_000, batch: int = 50, processes: int = 4) -> list[Row]:
-    """The bench rows on ``url``: the library beside the raw baseline, under a fresh prefix."""
+    """The bench rows on ``url``: the library beside the raw baseline, under a fresh prefix;
+    then the two batching-off rows again beside the raw loop through redis-py's client API."""
     prefix = f"bench-{uuid.uuid4().hex[:8]}"
     target = _with_prefix(url, prefix)
-    stores = RedisStores(target)
     try:
-        return run_bench(stores, cases(processes, batch, "sqlite"), tasks)
+        plan = cases(processes, batch, "sqlite")
+        stores = RedisStores(target)
+        try:
+            rows = run_bench(stores, plan, tasks)
+        finally:
+            stores.close()
+        stores = RedisStores(target, client_api=True)
+        try:
+            plain = [c for c in plan if c.mode == "claim_complete" and c.batch == 1]
+            again = [replace(c, name=f"{c.name} ({CLIENT_API})") for c in plain]
+            rows += run_bench(stores, again, tasks)
+        finally:
+            stores.close()
+        return rows
     finally:
-        stores.close()
         _drop(url, prefix)
 
 
 class RawRedisKeys:
-    """The baseline of the idempotency rows: one ``SET key value NX`` per key, through the
-    client the library uses (``execute_command``, as the library sends its scripts).
+    """The baseline of the idempotency rows: one ``SET key value NX`` per key, over the
+    library's transport (see :class:`Pinned`).
 
     Args:
         url: a ``redis://`` URL; its ``prefix`` names the baseline's keys, deleted on close.
@@ -240,9 +326,10 @@ class RawRedisKeys:
         self.url = url
         self.prefix = parse(url).prefix
         self.client = _client(url)
+        self._send = Pinned(self.client)
 
     def put(self, keys: Sequence[str]) -> int:
-        execute: Any = self.client.execute_command
+        execute = self._send
         prefix = self.prefix
         new = 0
         for key in keys:
@@ -254,7 +341,7 @@ class RawRedisKeys:
         try:
             _drop(self.url, self.prefix)
         finally:
-            self.client.close()
+            self._send.close()
 
 
 def compare_keys(url: str, calls: int) -> list[KeyRow]:
@@ -288,8 +375,8 @@ return redis.call('DEL', KEYS[1])
 
 
 class RawRedisGuards:
-    """The raw side of the guard rows, through the client the library uses
-    (``execute_command``, as the library sends its scripts): a script that writes a hash's
+    """The raw side of the guard rows, over the library's transport (see :class:`Pinned`): a
+    script that writes a hash's
     version and value if the version matches, sent by ``EVALSHA``; a lock taken with ``SET key
     owner NX PX`` and released by a script that deletes it if the owner matches.
 
@@ -304,7 +391,8 @@ class RawRedisGuards:
         self.url = url
         self.prefix = parse(url).prefix
         self.client = _client(url)
-        execute: Any = self.client.execute_command
+        self._send = Pinned(self.client)
+        execute = self._send
         self._cas = execute("SCRIPT", "LOAD", _CAS)
         self._release = execute("SCRIPT", "LOAD", _RELEASE)
 
@@ -315,7 +403,7 @@ class RawRedisGuards:
         pipe.execute()
 
     def compare_and_set(self, keys: Sequence[str], values: Sequence[bytes]) -> int:
-        execute: Any = self.client.execute_command
+        execute = self._send
         prefix, sha = self.prefix, self._cas
         written = 0
         for key, value in zip(keys, values, strict=True):
@@ -323,7 +411,7 @@ class RawRedisGuards:
         return written
 
     def lock_cycles(self, name: str, owner: str, count: int) -> int:
-        execute: Any = self.client.execute_command
+        execute = self._send
         key, sha, ttl = f"{self.prefix}:lock:{{{name}}}", self._release, int(LOCK_TTL * 1000)
         acquired = 0
         for _ in range(count):
@@ -336,7 +424,7 @@ class RawRedisGuards:
         try:
             _drop(self.url, self.prefix)
         finally:
-            self.client.close()
+            self._send.close()
 
 
 def compare_guards(url: str, calls: int) -> list[GuardRow]:

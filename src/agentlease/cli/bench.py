@@ -370,9 +370,10 @@ def bench(
 
     Each row's baseline runs the same store kind and driver with no library: for SQLite the
     backend's own statements through sqlite3 on a fresh database; for Redis a minimal claim
-    script and a minimal complete script through redis-py; for PostgreSQL one FOR UPDATE SKIP
-    LOCKED claim statement and one complete statement through psycopg; for memory the backend's
-    primitives without the client.
+    script and a minimal complete script through redis-py, over the connection the library
+    uses (plus two rows beside the same loop through redis-py's client API); for PostgreSQL one
+    FOR UPDATE SKIP LOCKED claim statement and one complete statement through psycopg; for
+    memory the backend's primitives without the client.
 
     Then @idempotent around a no-op, first calls and replays, in microseconds and in raw
     operations per call, beside one minimal atomic write per key: INSERT OR IGNORE in its own
