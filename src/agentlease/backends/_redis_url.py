@@ -31,10 +31,12 @@ exceptions become agentlease's (the driver's exception is kept as ``__cause__``)
 from __future__ import annotations
 
 import math
+import os
 import re
 import threading
 import time
 from asyncio import sleep as async_sleep
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import parse_qsl, unquote, urlsplit
@@ -49,6 +51,7 @@ from agentlease.errors import BackendError, BackendUnavailable, InvalidURL
 
 __all__ = [
     "DRIVER_ERRORS",
+    "PACK",
     "AsyncFace",
     "Gate",
     "RedisOptions",
@@ -57,6 +60,7 @@ __all__ = [
     "async_sleep",
     "connect",
     "connect_async",
+    "forks",
     "parse",
     "redis_asyncio",
     "redis_sync",
@@ -68,6 +72,22 @@ __all__ = [
 ]
 
 sync_sleep = time.sleep
+
+PACK: Callable[[tuple[Any, ...]], bytes] | None
+"""hiredis's packer of one command (the one redis-py's own serializer ends in), or None."""
+try:
+    from hiredis import pack_command as PACK
+except ImportError:  # pragma: no cover - the redis extra installs hiredis
+    PACK = None
+
+_forks = [0]
+os.register_at_fork(after_in_child=lambda: _forks.__setitem__(0, _forks[0] + 1))
+
+
+def forks() -> int:
+    """How many forks lie between the first process and this one (a child's count is higher
+    than its parent's): a connection taken at another count belongs to another process."""
+    return _forks[0]
 
 
 class Gate(Protocol):

@@ -47,7 +47,7 @@ import redis
 from agentlease._records import TaskSpec
 from agentlease._sync.queue import Queue
 from agentlease.backends import connect
-from agentlease.backends._redis_url import parse
+from agentlease.backends._redis_url import PACK, parse
 from agentlease.cli._bench_guards import (
     DEFAULT_GUARDS,
     LOCK_TTL,
@@ -98,6 +98,11 @@ CLIENT_API = "client-API raw"
 """What the names of the rows measured beside the client-API raw loop end with."""
 
 
+def _pack(args: tuple[Any, ...]) -> bytes:
+    assert PACK is not None  # a Pinned connection exists only with hiredis
+    return PACK(args)
+
+
 def raw_url(url: str) -> str:
     """The URL of a fresh raw baseline beside the library's store at ``url`` (own prefix)."""
     return _with_prefix(url, f"{parse(url).prefix}-raw-{uuid.uuid4().hex[:8]}")
@@ -135,9 +140,10 @@ def _drop(url: str, prefix: str) -> None:
 
 
 class Pinned:
-    """Commands over one connection kept out of a client's pool (``send_command`` and
-    ``read_response``, after the same ``can_read`` check), as the library sends its scripts on
-    a plain Redis; through the client on a cluster, as the library does there.
+    """Commands over one connection kept out of a client's pool (packed by hiredis, sent with
+    ``send_packed_command``, read with ``read_response``, after the same ``can_read`` check), as
+    the library sends its scripts on a plain Redis; through the client on a cluster, as the
+    library does there.
 
     Args:
         client: a redis-py client.
@@ -146,7 +152,7 @@ class Pinned:
     def __init__(self, client: redis.Redis | redis.RedisCluster) -> None:
         self.client = client
         self._conn: Any = None
-        if isinstance(client, redis.Redis):
+        if PACK is not None and isinstance(client, redis.Redis):
             pool: Any = client.connection_pool
             self._conn = pool.get_connection()
 
@@ -158,7 +164,7 @@ class Pinned:
             return execute(*args)
         if conn.can_read():
             conn.disconnect()
-        conn.send_command(*args)
+        conn.send_packed_command([_pack(args)])
         return conn.read_response()
 
     def close(self) -> None:

@@ -16,7 +16,8 @@ A script the server does not know (NOSCRIPT: a restart, a failover, ``SCRIPT FLU
 on every primary and the call sent again.
 
 On a plain Redis (not a cluster), scripts go over a connection the link keeps checked out of
-redis-py's pool for its own use: sent with the connection's ``send_command`` and read with its
+redis-py's pool for its own use: packed by hiredis (as redis-py's own serializer does, without
+its per-argument checks), sent with the connection's ``send_packed_command`` and read with its
 ``read_response``, which skips the client's per-command work (a pool checkout and return, the
 retry wrapper, metrics hooks): about half of the client's time per call. One caller at a time
 uses that connection; a caller that finds it busy (another thread, or another task of the event
@@ -28,7 +29,6 @@ commands, whose replies redis-py reshapes, and pipelines always go through the c
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -54,6 +54,7 @@ _BROKEN = (rx.ConnectionError, rx.TimeoutError)
 _FATAL = (rx.AuthenticationError, rx.AuthorizationError, rx.MaxConnectionsError)
 
 _ERRORS = _redis_url.DRIVER_ERRORS
+_PACK = _redis_url.PACK
 
 Client = _redis_url.redis_asyncio.Redis | _redis_url.redis_asyncio.RedisCluster
 
@@ -85,11 +86,11 @@ class RedisLink:
         # Scripts: through the link's own connection on a plain Redis (see the module docstring).
         self._execute: Any = self._command
         self._pool: Any = None
-        if not isinstance(client, _redis_url.redis_asyncio.RedisCluster):
+        if _PACK is not None and not isinstance(client, _redis_url.redis_asyncio.RedisCluster):
             self._pool = client.connection_pool
             self._execute = self._direct
         self._own: Any = None  # the connection, once taken from the pool
-        self._pid = os.getpid()  # the process that took it
+        self._forks = _redis_url.forks()  # in the process that took it
         self._gate = _redis_url.async_gate()
 
     async def _direct(self, *call: Any) -> Any:
@@ -100,12 +101,12 @@ class RedisLink:
             return await self._command(*call)
         try:
             conn = self._own
-            if conn is None or self._pid != os.getpid():
-                self._pid = os.getpid()  # a forked child takes its own (the pool resets)
+            if conn is None or self._forks != _redis_url.forks():
+                self._forks = _redis_url.forks()  # a forked child takes its own (the pool resets)
                 conn = self._own = await self._pool.get_connection()
             await self._check(conn)
             try:
-                await conn.send_command(*call)
+                await conn.send_packed_command([_PACK(call)])  # type: ignore[misc]
                 return await conn.read_response()
             except rx.ResponseError:
                 raise  # the whole reply was read: the connection is fine
@@ -216,7 +217,7 @@ class RedisLink:
         """Close the client's connections."""
         try:
             conn, self._own = self._own, None
-            if conn is not None and self._pid == os.getpid():
+            if conn is not None and self._forks == _redis_url.forks():
                 await self._pool.release(conn)
             await self.client.aclose()
         except _ERRORS as exc:
