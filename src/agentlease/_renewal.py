@@ -2,7 +2,11 @@
 
 One renewer per client renews every open lease of that client whose last renewal is a third of
 its length old, so a holder that finishes sooner (most of them) costs no renewal and no thread
-start. A renewal that finds the lease gone (:class:`~agentlease.errors.ReservationLost`,
+start. A new lease wakes a sleeping renewer only when it is shorter than the leases the renewer
+sleeps for; otherwise the renewer's next tick is soon enough, so holders in quick succession
+cost no wake-up each.
+
+A renewal that finds the lease gone (:class:`~agentlease.errors.ReservationLost`,
 :class:`~agentlease.errors.LockLost`) stops that lease's renewals and is kept, so the holder's
 next write (or the end of its block) reports it; a store outage is retried at the next tick, since
 a lease outlives two missed renewals. The async face renews from one task on the event loop, the
@@ -50,6 +54,7 @@ class _Base:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._open: set[Renewing] = set()
+        self._wakes_at = 0.0  # when the renewer wakes next (time.monotonic)
 
     def _add(self, lease: object, every: float) -> Renewing:
         entry = Renewing(lease, every)
@@ -65,7 +70,14 @@ class _Base:
     def _tick(self) -> float:
         """Seconds until the next renewal may be due (half the shortest interval)."""
         with self._lock:
-            return min((r.every for r in self._open), default=1.0) / 2
+            tick = min((r.every for r in self._open), default=1.0) / 2
+            self._wakes_at = time.monotonic() + tick
+            return tick
+
+    def _too_late(self, entry: Renewing) -> bool:
+        """Whether the renewer sleeps past the time ``entry`` needs it (it must be woken):
+        only a lease shorter than those it renews, so a new holder rarely costs a wake."""
+        return entry.renewed_at + entry.every / 2 < self._wakes_at
 
     def _closed(self, entry: Renewing) -> Any:
         with self._lock:
@@ -106,8 +118,8 @@ class AsyncRenewals(_Base):
         if task is None or task.done() or task.get_loop() is not loop:
             self._wake = asyncio.Event()
             self._task = loop.create_task(self._run(self._wake))
-        elif self._wake is not None:
-            self._wake.set()  # it may be sleeping longer than this lease allows
+        elif self._wake is not None and self._too_late(entry):
+            self._wake.set()
         return entry
 
     async def close(self, entry: Renewing) -> Any:
@@ -159,8 +171,8 @@ class Renewals(_Base):
                     target=self._run, name="agentlease-renewals", daemon=True
                 )
                 self._thread.start()
-            else:
-                self._wake.set()  # it may be sleeping longer than this lease allows
+            elif self._too_late(entry):
+                self._wake.set()
         return entry
 
     def close(self, entry: Renewing) -> Any:

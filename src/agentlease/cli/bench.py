@@ -269,11 +269,11 @@ def speedups(rows: list[Row]) -> tuple[float, float] | None:
 
 def _table(rows: list[Row], url: str) -> Table:
     table = Table(title=f"agentlease bench on {url}", box=box.SIMPLE_HEAD)
-    table.add_column("row", style="bold", no_wrap=True)
-    table.add_column("tasks", justify="right")
-    table.add_column("library ops/s", justify="right", style="cyan")
-    table.add_column("raw ops/s", justify="right")
-    table.add_column("ratio", justify="right")
+    table.add_column("row", style="bold")  # long names wrap; the figures never do
+    table.add_column("tasks", justify="right", no_wrap=True)
+    table.add_column("library ops/s", justify="right", style="cyan", no_wrap=True)
+    table.add_column("raw ops/s", justify="right", no_wrap=True)
+    table.add_column("ratio", justify="right", no_wrap=True)
     for r in rows:
         ratio = r.ops_per_s / r.baseline_ops_per_s
         style = "green" if ratio >= 0.8 else "yellow"
