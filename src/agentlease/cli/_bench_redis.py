@@ -42,12 +42,11 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import click
-import redis
 
 from agentlease._records import TaskSpec
 from agentlease._sync.queue import Queue
 from agentlease.backends import connect
-from agentlease.backends._redis_url import PACK, parse
+from agentlease.backends._redis_url import parse
 from agentlease.cli._bench_guards import (
     DEFAULT_GUARDS,
     LOCK_TTL,
@@ -57,11 +56,16 @@ from agentlease.cli._bench_guards import (
 )
 from agentlease.cli._bench_keys import DEFAULT_CALLS, KeyRow, LibraryKeys, run_keys
 from agentlease.cli._bench_loops import FILL_CHUNK, LEASE_FOR, Driver, Library, Mode, Target
+from agentlease.cli._bench_redis_link import Pinned, raw_url
+from agentlease.cli._bench_redis_link import client as _client
+from agentlease.cli._bench_redis_link import drop as _drop
+from agentlease.cli._bench_redis_link import with_prefix as _with_prefix
 from agentlease.cli.bench import Row, Stores, cases, run_bench
 from agentlease.errors import InvalidURL
 
 __all__ = [
     "CLIENT_API",
+    "Pinned",
     "RawRedis",
     "RawRedisGuards",
     "RawRedisKeys",
@@ -96,85 +100,6 @@ return 1
 
 CLIENT_API = "client-API raw"
 """What the names of the rows measured beside the client-API raw loop end with."""
-
-
-def _pack(args: tuple[Any, ...]) -> bytes:
-    assert PACK is not None  # a Pinned connection exists only with hiredis
-    return PACK(args)
-
-
-def raw_url(url: str) -> str:
-    """The URL of a fresh raw baseline beside the library's store at ``url`` (own prefix)."""
-    return _with_prefix(url, f"{parse(url).prefix}-raw-{uuid.uuid4().hex[:8]}")
-
-
-def _with_prefix(url: str, prefix: str) -> str:
-    """``url`` with its ``prefix`` option set to ``prefix``."""
-    base, _, query = url.partition("?")
-    options = [o for o in query.split("&") if o and not o.startswith("prefix=")]
-    return f"{base}?{'&'.join([*options, f'prefix={prefix}'])}"
-
-
-def _client(url: str) -> redis.Redis | redis.RedisCluster:
-    options = parse(url)
-    kwargs = options.client_kwargs()
-    return redis.RedisCluster(**kwargs) if options.cluster else redis.Redis(**kwargs)
-
-
-def _drop(url: str, prefix: str) -> None:
-    """Delete every key under ``prefix`` (UNLINK: freed in the background)."""
-    client = _client(url)
-    try:
-        for pattern in (f"{{{prefix}:*", f"{prefix}:*"):
-            batch: list[bytes] = []
-            for key in client.scan_iter(match=pattern, count=1000):
-                batch.append(key)
-                if len(batch) >= 500:
-                    for k in batch:
-                        client.unlink(k)
-                    batch = []
-            for k in batch:
-                client.unlink(k)
-    finally:
-        client.close()
-
-
-class Pinned:
-    """Commands over one connection kept out of a client's pool (packed by hiredis, sent with
-    ``send_packed_command``, read with ``read_response``, after the same ``can_read`` check), as
-    the library sends its scripts on a plain Redis; through the client on a cluster, as the
-    library does there.
-
-    Args:
-        client: a redis-py client.
-    """
-
-    def __init__(self, client: redis.Redis | redis.RedisCluster) -> None:
-        self.client = client
-        self._conn: Any = None
-        if PACK is not None and isinstance(client, redis.Redis):
-            pool: Any = client.connection_pool
-            self._conn = pool.get_connection()
-
-    def __call__(self, *args: Any) -> Any:
-        """Send one command and return its reply."""
-        conn = self._conn
-        if conn is None:
-            execute: Any = self.client.execute_command
-            return execute(*args)
-        if conn.can_read():
-            conn.disconnect()
-        conn.send_packed_command([_pack(args)])
-        return conn.read_response()
-
-    def close(self) -> None:
-        """Give the connection back and close the client."""
-        try:
-            if self._conn is not None and isinstance(self.client, redis.Redis):
-                pool: Any = self.client.connection_pool
-                pool.release(self._conn)
-        finally:
-            self.client.close()
 
 
 class RawRedis:
