@@ -10,15 +10,10 @@ from typing import Any
 
 import redis
 
-from agentlease.backends._redis_url import PACK, parse
+from agentlease.backends._redis_url import parse
+from agentlease.backends._sync.redis_link import RedisLink
 
-__all__ = ["Pinned", "client", "drop", "pack", "raw_url", "with_prefix"]
-
-
-def pack(args: tuple[Any, ...]) -> bytes:
-    """One command in the protocol, packed by hiredis."""
-    assert PACK is not None  # a Pinned connection exists only with hiredis
-    return PACK(args)
+__all__ = ["Pinned", "client", "drop", "raw_url", "with_prefix"]
 
 
 def raw_url(url: str) -> str:
@@ -59,38 +54,24 @@ def drop(url: str, prefix: str) -> None:
 
 
 class Pinned:
-    """Commands over one connection kept out of a client's pool (packed by hiredis, sent with
-    ``send_packed_command``, read with ``read_response``, after the same ``can_read`` check), as
-    the library sends its scripts on a plain Redis; through the client on a cluster, as the
-    library does there.
+    """Commands over the library's own transport for scripts: a
+    :class:`~agentlease.backends._sync.redis_link.RedisLink` around ``client`` (on a plain
+    Redis, one connection kept out of the pool; on a cluster, the client), without the link's
+    retries, so that a raw baseline and the library differ only in what they send.
 
     Args:
-        client: a redis-py client.
+        client: a redis-py client; closed by :meth:`close`.
     """
 
     def __init__(self, client: redis.Redis | redis.RedisCluster) -> None:
         self.client = client
-        self._conn: Any = None
-        if PACK is not None and isinstance(client, redis.Redis):
-            pool: Any = client.connection_pool
-            self._conn = pool.get_connection()
+        self._link = RedisLink(client, "bench")
+        self._send: Any = self._link._execute
 
     def __call__(self, *args: Any) -> Any:
         """Send one command and return its reply."""
-        conn = self._conn
-        if conn is None:
-            execute: Any = self.client.execute_command
-            return execute(*args)
-        if conn.can_read():
-            conn.disconnect()
-        conn.send_packed_command([pack(args)])
-        return conn.read_response()
+        return self._send(*args)
 
     def close(self) -> None:
         """Give the connection back and close the client."""
-        try:
-            if self._conn is not None and isinstance(self.client, redis.Redis):
-                pool: Any = self.client.connection_pool
-                pool.release(self._conn)
-        finally:
-            self.client.close()
+        self._link.close()
