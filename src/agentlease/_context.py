@@ -2,18 +2,25 @@
 
 Sync handlers get a :class:`JobContext` and run on a worker thread; async handlers get an
 :class:`AsyncJobContext` and run on the event loop. Both carry the same read-only facts.
+
+``progress`` rides out a short store outage: a write that finds the store unavailable is retried
+with jittered backoff for as long as the lease is held (its local deadline), like the worker's
+final writes; past it the lease is lost and :class:`~agentlease.errors.LeaseLost` is raised.
 """
 
 from __future__ import annotations
 
+import asyncio
+import random
 import threading
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from agentlease._codec import JSON
 from agentlease._heartbeat import Held
 from agentlease._records import Job, Lease
-from agentlease.errors import Cancelled, LeaseLost
+from agentlease.errors import BackendUnavailable, Cancelled, LeaseLost
 
 if TYPE_CHECKING:
     from agentlease._async.queue import AsyncQueue
@@ -83,6 +90,13 @@ class _Base:
         if self.shutdown.is_set():
             raise Cancelled(self.task_id)
 
+    def _retry_in(self, delay: float, exc: BackendUnavailable) -> float:
+        """How long to wait before writing progress again, or raise when the lease runs out."""
+        if time.monotonic() + delay >= self.held.deadline:
+            self.check()  # lost already: LeaseLost
+            raise exc
+        return delay * random.uniform(0.5, 1.0)
+
     def wait(self, seconds: float) -> bool:
         """Sleep up to ``seconds``, waking early if the job is cancelled; returns ``cancelled``."""
         if self.held.lost.wait(0) or self.shutdown.wait(0):
@@ -98,9 +112,24 @@ class JobContext(_Base):
     queue: Queue
 
     def progress(self, value: JSON = None, *, checkpoint: JSON = None) -> None:
-        """Record progress and optionally a checkpoint, fenced by this job's lease."""
-        self.check()
-        self.queue.progress(self.held.lease, value, checkpoint=checkpoint)
+        """Record progress and optionally a checkpoint, fenced by this job's lease.
+
+        While the store is unavailable the write is retried within the lease.
+
+        Raises:
+            LeaseLost: the lease is gone (refused by the store, or not renewed in time).
+            Cancelled: the worker is shutting down past its grace period.
+            BackendUnavailable: the store stayed unreachable until the lease's deadline.
+        """
+        delay = 0.05
+        while True:
+            self.check()
+            try:
+                self.queue.progress(self.held.lease, value, checkpoint=checkpoint)
+                return
+            except BackendUnavailable as exc:
+                self.held.lost.wait(self._retry_in(delay, exc))
+                delay = min(1.0, delay * 2)
 
 
 @dataclass(slots=True)
@@ -110,6 +139,21 @@ class AsyncJobContext(_Base):
     queue: AsyncQueue
 
     async def progress(self, value: JSON = None, *, checkpoint: JSON = None) -> None:
-        """Record progress and optionally a checkpoint, fenced by this job's lease."""
-        self.check()
-        await self.queue.progress(self.held.lease, value, checkpoint=checkpoint)
+        """Record progress and optionally a checkpoint, fenced by this job's lease.
+
+        While the store is unavailable the write is retried within the lease.
+
+        Raises:
+            LeaseLost: the lease is gone (refused by the store, or not renewed in time).
+            Cancelled: the worker is shutting down past its grace period.
+            BackendUnavailable: the store stayed unreachable until the lease's deadline.
+        """
+        delay = 0.05
+        while True:
+            self.check()
+            try:
+                await self.queue.progress(self.held.lease, value, checkpoint=checkpoint)
+                return
+            except BackendUnavailable as exc:
+                await asyncio.sleep(self._retry_in(delay, exc))
+                delay = min(1.0, delay * 2)

@@ -7,9 +7,22 @@ by :class:`~agentlease._heartbeat.Heartbeat`, a thread with its own connection t
 starve. When a lease is lost the worker cancels the handler (asyncio cancellation, or the
 ``cancelled`` token a sync handler checks) and refuses its writes.
 
+Everything the worker tracks is keyed by the lease (task id and token), never by the task id
+alone: after an outage longer than the lease the same worker often claims its own reaped task
+back (attempt 2) while attempt 1 still unwinds; the new claim makes attempt 1 lost at once.
+
 Shutdown (``stop()``, SIGTERM or SIGINT) stops claiming, lets running handlers finish within the
-grace period, then cancels what is left and releases those leases to the front. A second signal
-skips the rest of the grace period.
+grace period, then cancels what is left. A lease goes back to the front of its queue only when no
+code of its handler can run any more: it never started, it returned, or (async) it was
+cancelled and has unwound. A sync handler still running on its thread keeps its lease, which
+expires and is reaped as after a crash (its late writes are refused). A second signal skips the
+rest of the grace period and ends the run within about a second. Every signal is logged.
+
+Store errors: an unreachable store (:class:`~agentlease.errors.BackendUnavailable`) is logged
+(rate-limited, with the URL without its password) while the worker backs off with jitter and
+tries again; any other store error (authentication, permission, a missing or newer schema) is
+permanent and ends the run with that error. In burst mode a store unreachable for longer than a
+lease ends the run with BackendUnavailable.
 """
 
 from __future__ import annotations
@@ -24,7 +37,7 @@ import signal
 import threading
 import time
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TypeAlias, cast
 
@@ -32,12 +45,14 @@ from agentlease import _validate as check
 from agentlease._async.queue import AsyncQueue
 from agentlease._codec import JSON
 from agentlease._context import AsyncJobContext, JobContext
-from agentlease._events import logger
+from agentlease._events import EventDispatcher, EventName, logger
 from agentlease._heartbeat import Heartbeat, Held
 from agentlease._policy.retry import RetryPolicy
 from agentlease._records import Job, Lease
 from agentlease._scope import enter_task
+from agentlease._settings import QueueSettings
 from agentlease._sync.queue import Queue
+from agentlease._threads import HandlerThreads
 from agentlease.errors import (
     AgentLeaseError,
     BackendError,
@@ -45,6 +60,7 @@ from agentlease.errors import (
     Cancelled,
     LeaseLost,
     PayloadError,
+    WorkerError,
 )
 
 __all__ = ["AsyncHandler", "AsyncWorker", "Handler", "SyncHandler", "Worker", "WorkerSettings"]
@@ -52,6 +68,10 @@ __all__ = ["AsyncHandler", "AsyncWorker", "Handler", "SyncHandler", "Worker", "W
 SyncHandler: TypeAlias = Callable[[JobContext], JSON]
 AsyncHandler: TypeAlias = Callable[[AsyncJobContext], Awaitable[JSON]]
 Handler: TypeAlias = SyncHandler | AsyncHandler
+LeaseKey: TypeAlias = tuple[str, str]
+
+_UNWIND = 1.0  # seconds cancelled handlers get to unwind once shutdown is forced
+_OUTAGE_LOG_EVERY = 30.0  # seconds between two warnings about the same store outage
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -64,7 +84,9 @@ class WorkerSettings:
         retry: what happens when a handler raises.
         poll_interval: the longest idle wait between claims on an empty queue (seconds).
         shutdown_grace: seconds running handlers get to finish after a stop.
-        heartbeat_interval: seconds between heartbeats (default: a third of the lease).
+        heartbeat_interval: seconds between heartbeats (default: a third of the shorter of
+            the lease and the queue's ``progress_timeout``). It must leave at least two beats
+            in each of them, or the worker refuses to start with :class:`WorkerError`.
         seed: seeds the jitter of backoff and heartbeats (for reproducible runs).
     """
 
@@ -115,17 +137,20 @@ class AsyncWorker:
         self._is_async = is_async
         self._async_handler = cast(AsyncHandler, handler) if is_async else None
         self._sync_handler = None if is_async else cast(SyncHandler, handler)
+        self._interval = heartbeat_interval(self.settings, queue.settings)
         self._rand = random.Random(self.settings.seed)
         self._stopping = threading.Event()
         self._forced = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
-        self._running: dict[str, tuple[asyncio.Task[None], Held]] = {}
+        self._running: dict[LeaseKey, _Running] = {}
+        self._events: EventDispatcher | None = None
+        self._signals = 0
 
     def stop(self, *, force: bool = False) -> None:
         """Stop claiming and shut down gracefully; ``force`` skips the rest of the grace period.
 
-        Safe to call from any thread or a signal handler.
+        A second call forces. Safe to call from any thread or a signal handler.
         """
         if self._stopping.is_set():
             force = True
@@ -145,9 +170,16 @@ class AsyncWorker:
 
         Returns:
             How many jobs this run finished (completed, failed or lost).
+
+        Raises:
+            BackendError: the store refused the worker for good (authentication, permission, a
+                missing or newer schema); running handlers were cancelled first.
+            BackendUnavailable: in burst mode, the store stayed unreachable for a whole lease.
         """
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
+        events = self._events = EventDispatcher(self.queue.events)
+        events.start()
         installed = self._install_signals() if handle_signals else []
         sync_backend = self.queue.backend.open_sync()
         handler_queue = Queue(
@@ -158,24 +190,38 @@ class AsyncWorker:
         heartbeat = Heartbeat(
             sync_backend,
             lease_for=self.queue.settings.lease_for,
-            events=self.queue.events,
-            interval=self.settings.heartbeat_interval,
+            events=events,
+            interval=self._interval,
             rand=random.Random(self._rand.random()),
         )
-        pool = ThreadPoolExecutor(
-            max_workers=self.settings.concurrency, thread_name_prefix="agentlease-handler"
-        )
+        threads = HandlerThreads(self.settings.concurrency)
         heartbeat.start()
         try:
-            await self._claim_loop(heartbeat, pool, handler_queue, burst)
-            await self._drain()
+            try:
+                await self._warn_if_unknown()
+                await self._claim_loop(heartbeat, threads, handler_queue, burst)
+            except AgentLeaseError as exc:
+                logger.error(
+                    "worker on queue %r at %s stops: %s: %s",
+                    self.name,
+                    self.queue.backend.url,
+                    type(exc).__name__,
+                    exc,
+                )
+                self._stopping.set()
+                self._forced.set()
+                raise
+            finally:
+                await self._drain()
         finally:
-            heartbeat.stop()
-            pool.shutdown(wait=False, cancel_futures=True)
+            ended = heartbeat.stop()
+            threads.shutdown()
             for sig in installed:
                 self._loop.remove_signal_handler(sig)
-            sync_backend.close()
+            if ended:
+                sync_backend.close()
             handler_queue.close()
+            events.stop()
         return self.processed
 
     def _install_signals(self) -> list[signal.Signals]:
@@ -184,15 +230,44 @@ class AsyncWorker:
         assert self._loop is not None
         installed = []
         for sig in (signal.SIGTERM, signal.SIGINT):
-            self._loop.add_signal_handler(sig, self.stop)
+            self._loop.add_signal_handler(sig, self._on_signal, sig)
             installed.append(sig)
         return installed
 
+    def _on_signal(self, sig: signal.Signals) -> None:
+        self._signals += 1
+        if self._signals == 1:
+            logger.warning(
+                "%s: the worker stops claiming; running jobs have %gs to finish (another "
+                "signal stops them now)",
+                sig.name,
+                self.settings.shutdown_grace,
+            )
+        else:
+            logger.warning("%s again: stopping now", sig.name)
+        self.stop()
+
+    async def _warn_if_unknown(self) -> None:
+        """Warn once if nothing was ever enqueued to this queue (a typo is otherwise silent)."""
+        try:
+            known = await self.queue.queues()
+        except BackendUnavailable:
+            return  # the claim loop reports the outage
+        if self.name not in known:
+            logger.warning(
+                "queue %r has never been used on %s; waiting for tasks to be enqueued to it "
+                "(queues there: %s)",
+                self.name,
+                self.queue.backend.url,
+                ", ".join(repr(q) for q in sorted(known)) or "none",
+            )
+
     async def _claim_loop(
-        self, heartbeat: Heartbeat, pool: ThreadPoolExecutor, handler_queue: Queue, burst: bool
+        self, heartbeat: Heartbeat, threads: HandlerThreads, handler_queue: Queue, burst: bool
     ) -> None:
         assert self._wake is not None
         idle = 0.0
+        outage = _Outage(self.queue.backend.url, self.name)
         while not self._stopping.is_set():
             free = self.settings.concurrency - len(self._running)
             if free <= 0:
@@ -201,9 +276,14 @@ class AsyncWorker:
             sent_at = time.monotonic()
             try:
                 jobs = await self.queue.claim(self.name, free if self.settings.batch else 1)
-            except AgentLeaseError:
-                # The store is unavailable: back off and try again; leases keep their heartbeat.
-                jobs = []
+            except BackendUnavailable as exc:
+                # Leases keep their heartbeat; the claim is tried again after a jittered backoff.
+                down_for = outage.failed(exc)
+                if burst and down_for > self.queue.settings.lease_for:
+                    raise
+                await self._sleep(outage.backoff(self._rand))
+                continue
+            outage.reached()
             if not jobs:
                 if burst and not self._running:
                     return
@@ -215,22 +295,21 @@ class AsyncWorker:
                 if self._stopping.is_set():
                     await self._give_back(job)
                     continue
-                held = heartbeat.add(job.lease, functools.partial(self._lost, job), sent_at)
-                self.queue.events.emit(
+                entry = _Running(job)
+                entry.held = heartbeat.add(job.lease, functools.partial(self._lost, entry), sent_at)
+                self._emit(
                     "claimed",
-                    job.lease.queue,
-                    job.task_id,
-                    job.attempt,
+                    job.lease,
                     reclaims=job.reclaims,
                     failures=job.failures,
                     leased_at=job.lease.leased_at,
                     expires_at=job.lease.expires_at,
                 )
-                task = asyncio.create_task(
-                    self._run_job(job, held, heartbeat, pool, handler_queue),
-                    name=f"agentlease-job-{job.task_id}",
+                self._running[entry.key] = entry
+                entry.task = asyncio.create_task(
+                    self._run_job(entry, heartbeat, threads, handler_queue),
+                    name=f"agentlease-job-{job.task_id}-{job.attempt}",
                 )
-                self._running[job.task_id] = (task, held)
 
     async def _sleep(self, seconds: float | None) -> None:
         """Wait for a slot to free, a stop, or ``seconds``."""
@@ -261,7 +340,8 @@ class AsyncWorker:
             await self.queue.release(job.lease, front=True)
 
     async def _drain(self) -> None:
-        """Let running handlers finish within the grace period, then cancel and release."""
+        """Let running handlers finish within the grace period, then cancel them; leases go back
+        only for handlers that can run no more (see the module docstring)."""
         deadline = time.monotonic() + self.settings.shutdown_grace
         while self._running and not self._forced.is_set():
             left = deadline - time.monotonic()
@@ -269,29 +349,36 @@ class AsyncWorker:
                 break
             await self._sleep(left)
         self._forced.set()
-        for task, _ in list(self._running.values()):
+        tasks = [e.task for e in self._running.values() if e.task is not None]
+        for task in tasks:
             task.cancel()
-        if self._running:
-            await asyncio.wait([t for t, _ in self._running.values()], timeout=5.0)
+        if tasks:
+            await asyncio.wait(tasks, timeout=_UNWIND)
 
-    def _lost(self, job: Job, reason: str) -> None:
-        """Called on the heartbeat thread when a lease is lost: cancel the handler."""
-        loop = self._loop
-        if loop is None or loop.is_closed():
+    def _lost(self, entry: _Running, reason: str) -> None:
+        """Called on a heartbeat thread when a lease is lost: cancel an async handler (a sync
+        one sees its cancel token set)."""
+        loop, task = self._loop, entry.task
+        if loop is None or loop.is_closed() or task is None or not self._is_async:
             return
-        entry = self._running.get(job.task_id)
-        if entry is not None and self._is_async:
-            loop.call_soon_threadsafe(entry[0].cancel)
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+            loop.call_soon_threadsafe(task.cancel)
+
+    def _emit(self, name: EventName, lease: Lease, **fields: object) -> None:
+        events = self._events or self.queue.events
+        events.emit(name, lease.queue, lease.task_id, lease.attempt, **fields)
 
     async def _run_job(
         self,
-        job: Job,
-        held: Held,
+        entry: _Running,
         heartbeat: Heartbeat,
-        pool: ThreadPoolExecutor,
+        threads: HandlerThreads,
         handler_queue: Queue,
     ) -> None:
         queue = self.queue
+        job = entry.job
+        held = entry.held
+        assert held is not None
         lease = job.lease
         # Idempotent actions inside the handler are keyed on this task (each job runs in a task
         # of its own, so this context is the job's; a sync handler gets a copy of it).
@@ -305,13 +392,28 @@ class AsyncWorker:
                     assert self._sync_handler is not None
                     ctx_s = JobContext(job, held, self._forced, handler_queue)
                     context = contextvars.copy_context()
-                    future = asyncio.get_running_loop().run_in_executor(
-                        pool, functools.partial(context.run, self._sync_handler, ctx_s)
+                    entry.future = threads.submit(
+                        functools.partial(context.run, self._sync_handler, ctx_s)
                     )
-                    result = await future
+                    result = await asyncio.wrap_future(entry.future)
             except (asyncio.CancelledError, Cancelled):
                 if held.lost.is_set():
-                    return  # the heartbeat said so; nothing more may be written
+                    return  # the lease is gone; nothing more may be written
+                if entry.future is not None and entry.future.running():
+                    # Its thread still runs and may still write: the lease must not go back to
+                    # the queue. It expires and is reaped, as after a crash.
+                    heartbeat.lose(
+                        held, "the worker stopped while this sync handler was still running"
+                    )
+                    logger.warning(
+                        "sync handler for %s/%s (attempt %d) still running at shutdown: its "
+                        "lease is kept and expires within %gs; then the task runs again",
+                        lease.queue,
+                        lease.task_id,
+                        lease.attempt,
+                        queue.settings.lease_for,
+                    )
+                    return
                 await self._give_back(job)  # shutdown past grace: the task runs again first
                 return
             except LeaseLost:
@@ -340,16 +442,11 @@ class AsyncWorker:
                 return
             if not accepted:
                 return
-            queue.events.emit(
-                "completed",
-                lease.queue,
-                lease.task_id,
-                lease.attempt,
-                lease_age=time.monotonic() - held.ok_at,
-            )
+            self._emit("completed", lease, lease_age=time.monotonic() - held.ok_at)
         finally:
             heartbeat.remove(held)
-            self._running.pop(job.task_id, None)
+            if self._running.get(entry.key) is entry:
+                del self._running[entry.key]
             self.processed += 1
             if self._wake is not None:
                 self._wake.set()
@@ -389,16 +486,95 @@ class AsyncWorker:
         return task.attempt == lease.attempt and task.state in ("done", "failed", "dead")
 
     def _refuse(self, job: Job, write: str) -> None:
-        lease = job.lease
-        self.queue.events.emit(
+        self._emit(
             "zombie_rejected",
-            lease.queue,
-            lease.task_id,
-            lease.attempt,
+            job.lease,
             write=write,
             source="worker",
             reason="lease lost before the write",
         )
+
+
+@dataclass(slots=True, eq=False)
+class _Running:
+    """One job of this worker: its claim, its heartbeat entry, and what runs it."""
+
+    job: Job
+    held: Held | None = None
+    task: asyncio.Task[None] | None = None
+    future: Future[JSON] | None = None  # a sync handler's call on its thread
+
+    @property
+    def key(self) -> LeaseKey:
+        return (self.job.lease.task_id, self.job.lease.token)
+
+
+class _Outage:
+    """Tracks a store outage seen by the claim loop: rate-limited warnings and backoff."""
+
+    def __init__(self, url: str, queue: str) -> None:
+        self.url = url
+        self.queue = queue
+        self.since: float | None = None
+        self.failures = 0
+        self.logged_at = 0.0
+
+    def failed(self, exc: BackendUnavailable) -> float:
+        """Record one failed claim; returns how long the store has been unreachable."""
+        now = time.monotonic()
+        if self.since is None:
+            self.since = now
+        self.failures += 1
+        if self.failures == 1 or now - self.logged_at >= _OUTAGE_LOG_EVERY:
+            self.logged_at = now
+            logger.warning(
+                "store unreachable for %.1fs (%d failed claims on queue %r) at %s: %s; retrying",
+                now - self.since,
+                self.failures,
+                self.queue,
+                self.url,
+                exc,
+            )
+        return now - self.since
+
+    def backoff(self, rand: random.Random) -> float:
+        """The next wait: full jitter, doubling from 0.1 s up to 5 s."""
+        return rand.uniform(0.0, min(5.0, 0.1 * 2 ** min(self.failures, 10)))
+
+    def reached(self) -> None:
+        """A claim went through: the outage, if any, is over."""
+        if self.since is not None:
+            logger.warning(
+                "store reachable again at %s after %.1fs", self.url, time.monotonic() - self.since
+            )
+            self.since = None
+            self.failures = 0
+
+
+def heartbeat_interval(worker: WorkerSettings, queue: QueueSettings) -> float:
+    """Seconds between heartbeats: a third of the shorter of the lease and the progress timeout,
+    so a task that reports progress stays alive whatever the two settings are.
+
+    Raises:
+        WorkerError: an explicit interval leaves fewer than two beats in the lease or in the
+            progress timeout.
+    """
+    window = queue.lease_for
+    if queue.progress_timeout is not None:
+        window = min(window, queue.progress_timeout)
+    if worker.heartbeat_interval is None:
+        return window / 3
+    if worker.heartbeat_interval * 2 > window:
+        raise WorkerError(
+            f"heartbeat_interval={worker.heartbeat_interval:g}s cannot keep a lease alive: "
+            f"it must be at most half of lease_for ({queue.lease_for:g}s)"
+            + (
+                f" and of progress_timeout ({queue.progress_timeout:g}s)"
+                if queue.progress_timeout is not None
+                else ""
+            )
+        )
+    return worker.heartbeat_interval
 
 
 class Worker:

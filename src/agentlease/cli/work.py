@@ -116,8 +116,15 @@ def worker(
     until the queue is empty).
 
     The handler takes a JobContext (an AsyncJobContext if it is async) and returns the task's
-    JSON result. A first signal stops claiming and lets running jobs finish within --grace; a
-    second one cancels them at once. Either way unfinished tasks go back to the front.
+    JSON result. A first signal stops claiming and lets running jobs finish within --grace; then,
+    or at a second signal, they are cancelled and the worker exits within about a second.
+    Unfinished tasks go back to the front when their handler can run no more (never started,
+    returned, or async and cancelled); a sync handler still running keeps its lease, which
+    expires and is reaped as after a crash.
+
+    An unreachable store is logged and retried with backoff; a store that refuses the worker
+    for good (authentication, permission, a missing or newer schema) ends it with status 2, and
+    so does, with --burst, a store unreachable for a whole lease.
     """
     handler = load_handler(handler_spec)
     settings = WorkerSettings(
