@@ -138,6 +138,7 @@ class AsyncWorker:
         self._async_handler = cast(AsyncHandler, handler) if is_async else None
         self._sync_handler = None if is_async else cast(SyncHandler, handler)
         self._interval = heartbeat_interval(self.settings, queue.settings)
+        self._call_timeout = queue.settings.lease_for / 3  # the bound of a heartbeat or final write
         self._rand = random.Random(self.settings.seed)
         self._stopping = threading.Event()
         self._forced = threading.Event()
@@ -181,7 +182,8 @@ class AsyncWorker:
         events = self._events = EventDispatcher(self.queue.events)
         events.start()
         installed = self._install_signals() if handle_signals else []
-        sync_backend = self.queue.backend.open_sync()
+        # A heartbeat call that hangs must fail before the lease runs out, to be tried again.
+        sync_backend = self.queue.backend.open_sync(call_timeout=self._call_timeout)
         handler_queue = Queue(
             self.queue.backend.open_sync(),
             settings=self.queue.settings,
@@ -456,19 +458,23 @@ class AsyncWorker:
 
         While the store is unavailable and the lease is still held, the write is retried with
         jittered backoff, so an outage shorter than the lease does not make the task run again.
+        Each try is bounded by a third of the lease: one that hangs is abandoned and tried again.
         A retry refused with LeaseLost may follow a first try that was applied but whose reply
         was lost; the task's record tells which.
         """
         delay, retried = 0.05, False
         while True:
             try:
-                await write()
+                async with asyncio.timeout(self._call_timeout):
+                    await write()
                 return True
             except LeaseLost:
                 return retried and await self._applied(held.lease)
-            except BackendUnavailable as exc:
+            except (BackendUnavailable, TimeoutError) as exc:
                 if held.lost.is_set() or self._forced.is_set():
-                    logger.warning("giving up a write for %s: %s", held.lease.task_id, exc)
+                    logger.warning(
+                        "giving up a write for %s: %s", held.lease.task_id, exc or "timed out"
+                    )
                     return False
                 retried = True
                 await asyncio.sleep(delay * self._rand.uniform(0.5, 1.0))

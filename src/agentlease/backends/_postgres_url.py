@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 from urllib.parse import SplitResult, parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
@@ -95,6 +95,9 @@ class PostgresSettings:
         pool_max: most connections per backend object.
         connect_timeout: seconds to establish one connection.
         pool_timeout: seconds to wait for a pooled connection.
+        call_timeout: if set, the longest one statement may run (``statement_timeout``), and
+            how long an unanswered connection is kept (TCP keepalives, ``tcp_user_timeout``);
+            set on the connections of a worker's heartbeat.
     """
 
     url: str
@@ -106,16 +109,32 @@ class PostgresSettings:
     pool_max: int = 10
     connect_timeout: float = 5.0
     pool_timeout: float = 5.0
+    call_timeout: float | None = None
 
     def connect_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of every connection: autocommit, timeout, search_path, and index
-        plans only (see :data:`PLANNER`)."""
-        return {
+        plans only (see :data:`PLANNER`); with ``call_timeout``, the bounds described there."""
+        kwargs: dict[str, Any] = {
             "autocommit": True,
             # libpq counts whole seconds, at least 2; psycopg enforces the same bound in Python.
             "connect_timeout": max(2, math.ceil(self.connect_timeout)),
             "options": f"-c search_path={self.schema} {PLANNER}",
         }
+        if self.call_timeout is not None:
+            ms = max(1, int(self.call_timeout * 1000))
+            kwargs["options"] += f" -c statement_timeout={ms}"
+            kwargs["keepalives"] = 1
+            kwargs["keepalives_idle"] = max(1, int(self.call_timeout))
+            kwargs["keepalives_interval"] = 1
+            kwargs["keepalives_count"] = 2
+            kwargs["tcp_user_timeout"] = ms
+        return kwargs
+
+    def bounded(self, call_timeout: float | None) -> PostgresSettings:
+        """The same settings, each statement bounded by ``call_timeout`` (see above)."""
+        if call_timeout is None:
+            return self
+        return replace(self, call_timeout=call_timeout)
 
     def with_schema(self, schema: str) -> PostgresSettings:
         """The same server and options, another schema (validated)."""

@@ -37,7 +37,7 @@ import threading
 import time
 from asyncio import sleep as async_sleep
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 from urllib.parse import parse_qsl, unquote, urlsplit
 
@@ -327,6 +327,17 @@ def translate(url: str, exc: Exception) -> BackendError:
     if isinstance(exc, rx.RedisClusterException) and "connect" in message.lower():  # no node
         return BackendUnavailable(f"Redis Cluster at {url} is unavailable: {message}")
     return BackendError(f"Redis at {url}: {type(exc).__name__}: {message}")
+
+
+def bounded(options: RedisOptions, call_timeout: float | None) -> RedisOptions:
+    """``options`` whose socket and connect timeouts are at most ``call_timeout``."""
+    if call_timeout is None:
+        return options
+    return replace(
+        options,
+        socket_timeout=min(options.socket_timeout, call_timeout),
+        connect_timeout=min(options.connect_timeout, call_timeout),
+    )
 
 
 def twin_sync(options: RedisOptions) -> SyncFace:

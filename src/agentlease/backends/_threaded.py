@@ -55,7 +55,7 @@ class ThreadedAsyncBackend:
         sync: Backend,
         *,
         inline: bool = False,
-        sync_factory: Callable[[], Backend] | None = None,
+        sync_factory: Callable[[float | None], Backend] | None = None,
     ) -> None:
         self.url = sync.url
         self._sync = sync
@@ -188,5 +188,5 @@ class ThreadedAsyncBackend:
         """No notifications here: wait out the timeout (the worker's poll interval)."""
         await asyncio.sleep(timeout)
 
-    def open_sync(self) -> Backend:
-        return self._sync if self._factory is None else self._factory()
+    def open_sync(self, *, call_timeout: float | None = None) -> Backend:
+        return self._sync if self._factory is None else self._factory(call_timeout)

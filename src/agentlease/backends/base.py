@@ -337,7 +337,14 @@ class AsyncBackend(Protocol):
         """
         ...
 
-    def open_sync(self) -> Backend:
+    def open_sync(self, *, call_timeout: float | None = None) -> Backend:
         """A synchronous backend on the same store, for a heartbeat thread that no event loop
-        can starve. It may share state (memory) or hold its own connection (SQLite)."""
+        can starve. It may share state (memory) or hold its own connection (SQLite).
+
+        Args:
+            call_timeout: if given, the longest one call may take on the new backend's
+                connections, where the store allows a bound (Redis: socket timeouts;
+                PostgreSQL: ``statement_timeout`` and TCP keepalives; SQLite: the busy
+                timeout), so that a hung call fails in time instead of outliving a lease.
+        """
         ...

@@ -444,11 +444,11 @@ class SQLiteBackend(SQLiteKeys, SQLiteState):
         with self._lock:
             self._db.close()
 
-    def twin(self) -> SQLiteBackend:
-        """Another connection to the same database."""
-        return SQLiteBackend(
-            self.path, timeout=self._timeout, synchronous=self._synchronous, url=self.url
-        )
+    def twin(self, timeout: float | None = None) -> SQLiteBackend:
+        """Another connection to the same database (waiting at most ``timeout`` seconds for the
+        write lock, if that is shorter than this one's)."""
+        wait = self._timeout if timeout is None else min(self._timeout, timeout)
+        return SQLiteBackend(self.path, timeout=wait, synchronous=self._synchronous, url=self.url)
 
     def open_async(self) -> AsyncBackend:
         return ThreadedAsyncBackend(self.twin(), sync_factory=self.twin)

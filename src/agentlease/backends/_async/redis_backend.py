@@ -335,9 +335,10 @@ class AsyncRedisBackend(RedisKeys, RedisState):
         """No notifications: wait out the timeout (the worker's poll interval)."""
         await _redis_url.async_sleep(timeout)
 
-    def open_sync(self) -> _redis_url.SyncFace:
-        """A synchronous backend with its own client on the same store."""
-        return _redis_url.twin_sync(self._options)
+    def open_sync(self, *, call_timeout: float | None = None) -> _redis_url.SyncFace:
+        """A synchronous backend with its own client on the same store (its socket timeouts
+        no longer than ``call_timeout``)."""
+        return _redis_url.twin_sync(_redis_url.bounded(self._options, call_timeout))
 
     def open_async(self) -> _redis_url.AsyncFace:
         """An asyncio backend with its own client on the same store."""

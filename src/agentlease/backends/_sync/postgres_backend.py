@@ -433,9 +433,10 @@ class PostgresBackend(PostgresKeys, PostgresState):
 
     # -- twins ----------------------------------------------------------------------------------
 
-    def open_sync(self) -> Backend:
-        """A synchronous backend on the same database, with its own pool (opened on first use)."""
-        return sync_face(self.settings, migrated=self._migrated)
+    def open_sync(self, *, call_timeout: float | None = None) -> Backend:
+        """A synchronous backend on the same database, with its own pool (opened on first use);
+        each statement on it is bounded by ``call_timeout``."""
+        return sync_face(self.settings.bounded(call_timeout), migrated=self._migrated)
 
     def open_async(self) -> AsyncFace:
         """An asyncio backend on the same database, with its own pool (opened on first use)."""
