@@ -260,8 +260,10 @@ def connect(url: str) -> Backend:
 
     Raises:
         InvalidURL: see :func:`parse`.
-        BackendUnavailable: the server cannot be reached, or refused the login.
-        BackendError: the schema lacks the tables and ``migrate=false``.
+        BackendUnavailable: the server cannot be reached (transient).
+        AuthenticationFailed: the server refused the login (permanent, as are the next two).
+        SchemaNotMigrated: the schema lacks the tables and ``migrate=false``.
+        SchemaTooNew: the schema was migrated by a newer agentlease.
     """
     from agentlease.backends._sync.postgres_backend import PostgresBackend
     from agentlease.backends._sync.postgres_schema import migrate
