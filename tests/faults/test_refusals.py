@@ -21,6 +21,7 @@ import psycopg
 import pytest
 import redis
 from redis import exceptions as rx
+from redis.cluster import RedisCluster
 
 import agentlease as al
 from agentlease import (
@@ -121,6 +122,34 @@ def test_redis_login_and_acl_refusals_are_permanent(auth_redis: PrivateRedis) ->
         assert alice.stats("jobs").counts == {"queued": 1}
     finally:
         alice.close()
+
+
+def test_redis_cluster_login_and_acl_refusals_are_permanent(redis_cluster_base: str) -> None:
+    """A cluster client that reaches no node because every node refused the login says so."""
+    user = _services.namespace()
+    admin = RedisCluster.from_url(redis_cluster_base.split("?", 1)[0])
+    try:
+        for name, rules in ((user, ("+@all",)), (f"{user}_x", ("+@all", "-evalsha"))):
+            admin.execute_command(
+                "ACL", "SETUSER", name, "on", ">pw", "~*", "&*", *rules,
+                target_nodes=RedisCluster.ALL_NODES,
+            )  # fmt: skip
+        host = redis_cluster_base.split("://", 1)[1]
+        prefix = f"&prefix={user}"
+        _refused(
+            f"redis://{user}:wrong@{host}{prefix}", AuthenticationFailed, rx.RedisClusterException
+        )
+        _refused(
+            f"redis://{user}_y:pw@{host}{prefix}", AuthenticationFailed, rx.RedisClusterException
+        )
+        _refused(f"redis://{user}_x:pw@{host}{prefix}", PermissionDenied, rx.NoPermissionError)
+        with al.Queue.connect(f"redis://{user}:pw@{host}{prefix}") as good:
+            assert good.queues() == []
+    finally:
+        admin.execute_command(
+            "ACL", "DELUSER", user, f"{user}_x", target_nodes=RedisCluster.ALL_NODES
+        )
+        admin.close()
 
 
 # -- PostgreSQL (the shared server) -----------------------------------------------------------

@@ -325,11 +325,13 @@ def translate(url: str, exc: Exception) -> BackendError:
     Raise the result ``from exc`` so that the driver's exception stays the ``__cause__``.
     """
     message = str(exc) or type(exc).__name__
-    if isinstance(exc, rx.AuthenticationError | rx.AuthenticationWrongNumberOfArgsError) or (
+    # A cluster client that could reach no node says why in the error it chains (a refused login).
+    cause = exc.__cause__ if isinstance(exc, rx.RedisClusterException) else exc
+    if isinstance(cause, rx.AuthenticationError | rx.AuthenticationWrongNumberOfArgsError) or (
         message.startswith(("WRONGPASS", "NOAUTH"))
     ):  # permanent: the same login fails the same way until the URL or the server's users change
         return AuthenticationFailed(f"Redis at {url}: authentication failed: {message}")
-    if isinstance(exc, rx.AuthorizationError | rx.NoPermissionError) or message.startswith(
+    if isinstance(cause, rx.AuthorizationError | rx.NoPermissionError) or message.startswith(
         "NOPERM"
     ):
         return PermissionDenied(f"Redis at {url}: the user may not do this: {message}")
