@@ -181,6 +181,28 @@ def test_postgres_unknown_database_is_refused(shared_postgres: tuple[str, str]) 
     _refused(url, BackendRefused, psycopg.OperationalError)
 
 
+def test_postgres_missing_privilege_is_permission_denied(shared_postgres: tuple[str, str]) -> None:
+    """A role that may not create the schema (nor read one it does not own) is refused for
+    good, not told to retry."""
+    where, schema = shared_postgres
+    role = f"{schema}_role"
+    with psycopg.connect(_services.POSTGRES_URL, autocommit=True) as conn:
+        try:
+            conn.execute(f"CREATE ROLE {role} LOGIN".encode())
+        except psycopg.errors.InsufficientPrivilege as exc:
+            pytest.skip(f"cannot create a role on the shared server: {exc}")
+    try:
+        database = urlsplit(_services.POSTGRES_URL).path
+        _refused(
+            f"postgresql://{role}@{where}{database}?schema={schema}",
+            PermissionDenied,
+            psycopg.errors.InsufficientPrivilege,
+        )
+    finally:
+        with psycopg.connect(_services.POSTGRES_URL, autocommit=True) as conn:
+            conn.execute(f"DROP ROLE {role}".encode())
+
+
 def test_postgres_schema_without_tables_and_migrate_false_is_refused(
     shared_postgres: tuple[str, str],
 ) -> None:
