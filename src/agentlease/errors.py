@@ -30,19 +30,30 @@ Every refusal is one of these classes, so callers can catch exactly what they me
     │   ├── NotLockOwner                        a release by someone who does not hold the lock
     │   └── LockHeldAcrossModelCall             a model call entered while the task holds a lock
     ├── BackendError                            the store failed; the driver error is __cause__
-    │   ├── BackendUnavailable                  cannot reach or open the store
+    │   ├── BackendUnavailable                  cannot reach or open the store now (transient)
+    │   ├── BackendRefused                      refuses this client as configured (permanent)
+    │   │   ├── AuthenticationFailed            wrong user or password, or no such user
+    │   │   ├── PermissionDenied                the user may not run what agentlease needs
+    │   │   ├── SchemaNotMigrated               no agentlease tables (or old ones), migrate=false
+    │   │   └── SchemaTooNew                    written by a newer agentlease (both versions)
     │   └── MissingDriver                       the backend's optional extra is not installed
     ├── Cancelled                               the worker stopped the job (shutdown past grace)
     └── WorkerError                             the worker cannot run as configured
 
 Fault injection raises these same classes, so code that handles real faults handles injected ones.
+
+Of the store's failures, :class:`BackendUnavailable` is the one worth retrying (a restart, a
+failover, a network cut); :class:`BackendRefused` will fail the same way until someone changes
+the URL, the store's users or the installed agentlease, so a worker stops on it at once.
 """
 
 from __future__ import annotations
 
 __all__ = [
     "AgentLeaseError",
+    "AuthenticationFailed",
     "BackendError",
+    "BackendRefused",
     "BackendUnavailable",
     "Cancelled",
     "ConflictError",
@@ -67,8 +78,11 @@ __all__ = [
     "NotLockOwner",
     "PayloadError",
     "PayloadTooLarge",
+    "PermissionDenied",
     "ReplayedFailure",
     "ReservationLost",
+    "SchemaNotMigrated",
+    "SchemaTooNew",
     "TransitionRefused",
     "UnknownQueue",
     "UnknownTask",
@@ -340,7 +354,41 @@ class BackendError(AgentLeaseError):
 
 
 class BackendUnavailable(BackendError):
-    """The store cannot be reached or opened."""
+    """The store cannot be reached or opened now; a later try may succeed (transient)."""
+
+
+class BackendRefused(BackendError):
+    """The store refuses this client as configured; retrying cannot help (permanent)."""
+
+
+class AuthenticationFailed(BackendRefused):
+    """The store refused the login: wrong user or password, or a user it does not know."""
+
+
+class PermissionDenied(BackendRefused):
+    """The store's user may not run what agentlease needs (a Redis ACL, a missing privilege)."""
+
+
+class SchemaNotMigrated(BackendRefused):
+    """The store lacks agentlease's tables, or some migrations, and may not migrate them here."""
+
+
+class SchemaTooNew(BackendRefused):
+    """The store was written by a newer agentlease: this one refuses it and changes nothing.
+
+    ``store_version`` is the version the store is at and ``known_version`` the newest this
+    agentlease knows (``what`` names the kind of version: a schema, migrations, a key layout).
+    """
+
+    def __init__(self, where: str, what: str, store_version: int, known_version: int) -> None:
+        super().__init__(
+            f"{where}: its {what} is at version {store_version}, newer than version "
+            f"{known_version}, the newest this agentlease knows: upgrade agentlease to use it"
+        )
+        self.where = where
+        self.what = what
+        self.store_version = store_version
+        self.known_version = known_version
 
 
 class MissingDriver(BackendError):

@@ -34,7 +34,7 @@ import pytest
 
 import agentlease as al
 from agentlease.backends._postgres_driver import MIGRATIONS
-from agentlease.errors import BackendError, BackendUnavailable
+from agentlease.errors import AuthenticationFailed, BackendError, BackendUnavailable
 from tests import _private_postgres
 from tests.conftest import unavailable
 
@@ -291,16 +291,30 @@ def test_schema_without_tables_and_migrate_false_is_a_clear_error(
 
 
 def test_wrong_password_is_a_typed_error(server: _private_postgres.PrivatePostgres) -> None:
+    """A refused login is permanent (AuthenticationFailed), never BackendUnavailable, on both
+    faces from the first call."""
     role = _private_postgres.PASSWORD_ROLE
     base = f"127.0.0.1:{server.port}/postgres?schema=pw_{uuid.uuid4().hex[:8]}"
-    with pytest.raises(BackendUnavailable) as info:
+    with pytest.raises(AuthenticationFailed) as info:
         al.connect(f"postgresql://{role}:not-it@{base}")
     message = str(info.value)
     assert "password authentication failed" in message
     assert "not-it" not in message
     assert isinstance(info.value.__cause__, psycopg.OperationalError)
-    with pytest.raises(BackendUnavailable):
-        al.connect(f"postgresql://{role}@{base}&password=not-it")
+    for url in (f"postgresql://{role}@{base}&password=not-it", f"postgresql://{role}@{base}"):
+        with pytest.raises(AuthenticationFailed) as info:
+            al.connect(url)
+        assert "not-it" not in str(info.value)
+
+    async def first_call() -> None:
+        backend = al.connect_async(f"postgresql://{role}:not-it@{base}")
+        try:
+            await backend.queues()
+        finally:
+            await backend.close()
+
+    with pytest.raises(AuthenticationFailed):
+        asyncio.run(first_call())
     right = al.connect(f"postgresql://{role}:{_private_postgres.PASSWORD}@{base}")
     assert right.queues() == []
     right.close()

@@ -1,5 +1,5 @@
 """Redis faults: the server killed and restarted under real worker processes, lost replies,
-crashes between the two steps of an enqueue, bad credentials, unreachable hosts, refused input.
+crashes between the two steps of an enqueue, unreachable hosts, refused input.
 
 Tests that break a server start their own (``tests._private_redis``: a free port, a temporary
 directory, ``appendonly yes`` and ``appendfsync always``); the shared Redis on 6379 is only used,
@@ -312,7 +312,7 @@ def test_an_enqueue_interrupted_after_reserving_its_ids_is_completed_by_a_retry(
         raw.close()
 
 
-# -- credentials, unreachable hosts, refused input -------------------------------------------------
+# -- unreachable hosts, refused input (credentials: test_refusals.py) ---------------------------
 
 
 def _fails_fast(url: str, match: str) -> BackendUnavailable:
@@ -326,34 +326,6 @@ def _fails_fast(url: str, match: str) -> BackendUnavailable:
     assert isinstance(exc.__cause__, rx.RedisError)
     assert took < FAST, f"{url} took {took:.2f}s to fail"
     return exc
-
-
-def test_credentials(private_redis) -> None:
-    server = private_redis(requirepass="s3cret")
-    base = f"127.0.0.1:{server.port}/0?prefix=auth"
-    good = al.Queue.connect(f"redis://:s3cret@{base}")
-    try:
-        good.enqueue("jobs", 1)
-        assert good.queues() == ["jobs"]
-    finally:
-        good.close()
-    exc = _fails_fast(f"redis://:wrong@{base}", "authentication failed")
-    assert "wrong" not in str(exc), "the password leaked into the message"
-    _fails_fast(f"redis://{base}", "authentication")  # no password at all
-
-    admin = redis.Redis(port=server.port, password="s3cret")
-    try:
-        admin.execute_command("ACL", "SETUSER", "alice", "on", ">pw", "~*", "&*", "+@all")
-        admin.execute_command("ACL", "SETUSER", "bob", "on", ">pw", "~*", "+@all", "-evalsha")
-    finally:
-        admin.close()
-    alice = al.Queue.connect(f"redis://alice:pw@{base}")
-    try:
-        assert alice.stats("jobs").counts == {"queued": 1}
-    finally:
-        alice.close()
-    _fails_fast(f"redis://alice:nope@{base}", "authentication failed")
-    _fails_fast(f"redis://bob:pw@{base}", "may not")
 
 
 def test_unreachable_hosts_fail_fast() -> None:

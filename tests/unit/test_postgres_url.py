@@ -70,6 +70,60 @@ def test_password_never_shows_in_display() -> None:
     assert "s3cr%40t" in s.conninfo  # libpq still gets it
 
 
+@pytest.mark.parametrize(
+    ("url", "conninfo"),
+    [
+        pytest.param(
+            "postgresql:///test?host=/var/run/postgresql&schema=s",
+            "postgresql:///test?host=%2Fvar%2Frun%2Fpostgresql",
+            id="socket-in-query",
+        ),
+        pytest.param(
+            "postgresql://app@%2Fvar%2Frun%2Fpostgresql/test?schema=s",
+            "postgresql://app@%2Fvar%2Frun%2Fpostgresql/test",
+            id="socket-percent-encoded-host",
+        ),
+        pytest.param("postgresql:///test", "postgresql:///test", id="empty-host-default-socket"),
+        pytest.param("postgres://app@/test", "postgresql://app@/test", id="user-empty-host"),
+        pytest.param("postgresql://app@:5433/test", "postgresql://app@:5433/test", id="port-only"),
+        pytest.param("postgresql://", "postgresql://", id="all-defaults"),
+        pytest.param(
+            "postgresql://app@h1:5432,h2:5433/test?target_session_attrs=read-write",
+            "postgresql://app@h1:5432,h2:5433/test?target_session_attrs=read-write",
+            id="several-hosts",
+        ),
+        pytest.param(
+            "postgresql://app@[::1]:5432/test", "postgresql://app@[::1]:5432/test", id="ipv6"
+        ),
+    ],
+)
+def test_libpq_host_forms_reach_libpq_intact(url: str, conninfo: str) -> None:
+    """libpq's forms of a Unix socket or an empty host keep the "//" that makes them a URL."""
+    s = parse(url)
+    assert s.conninfo == conninfo
+    assert s.with_schema("other").conninfo == conninfo
+    assert s.with_schema("other").display.split("?")[0] == s.display.split("?")[0]
+    assert "://" in s.display
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://app:s3cret@%2Fvar%2Frun%2Fpostgresql/test",
+        "postgresql://app:s3cret@/test?host=/tmp",
+        "postgresql:///test?host=/tmp&password=s3cret",
+        "postgresql:///test?user=app&sslpassword=s3cret&password=s3cret",
+        "postgresql://app:s3cret@h1:5432,h2:5433/test",
+    ],
+)
+def test_passwords_are_masked_in_every_host_form(url: str) -> None:
+    s = parse(url)
+    for shown in (s.display, s.with_schema("other").display, repr(s), str(s)):
+        assert "s3cret" not in shown, shown
+    assert "***" in s.display
+    assert "s3cret" in s.conninfo  # libpq still gets it
+
+
 def test_pool_max_follows_a_large_pool_min() -> None:
     assert parse("postgresql://h/db?pool_min=20").pool_max == 20
 
@@ -105,6 +159,9 @@ def test_with_schema() -> None:
         pytest.param("postgresql://h/db?pool_timeout=soon", id="word-timeout"),
         pytest.param("postgresql://h:port/db", id="bad-port"),
         pytest.param("postgresql://h:99999/db", id="port-out-of-range"),
+        pytest.param("postgresql://h:0/db", id="port-zero"),
+        pytest.param("postgresql://h1:5432,h2:x/db", id="bad-port-of-second-host"),
+        pytest.param("postgresql://[::1/db", id="unclosed-ipv6"),
         pytest.param("postgresql://h/db/extra", id="two-path-parts"),
         pytest.param("postgresql://h/db#frag", id="fragment"),
         pytest.param("mysql://h/db", id="other-scheme"),

@@ -9,7 +9,13 @@ from redis import exceptions as rx
 
 import agentlease as al
 from agentlease.backends._redis_url import parse, translate
-from agentlease.errors import BackendError, BackendUnavailable, InvalidURL
+from agentlease.errors import (
+    AuthenticationFailed,
+    BackendError,
+    BackendUnavailable,
+    InvalidURL,
+    PermissionDenied,
+)
 
 
 def test_defaults() -> None:
@@ -127,10 +133,11 @@ def test_connect_does_no_io() -> None:
     [
         (rx.ConnectionError("Error 111 connecting"), BackendUnavailable),
         (rx.TimeoutError("Timeout reading from socket"), BackendUnavailable),
-        (rx.AuthenticationError("invalid username-password pair"), BackendUnavailable),
-        (rx.ResponseError("WRONGPASS invalid username-password pair"), BackendUnavailable),
-        (rx.ResponseError("NOAUTH Authentication required."), BackendUnavailable),
-        (rx.NoPermissionError("NOPERM this user has no permissions"), BackendUnavailable),
+        (rx.AuthenticationError("invalid username-password pair"), AuthenticationFailed),
+        (rx.ResponseError("WRONGPASS invalid username-password pair"), AuthenticationFailed),
+        (rx.ResponseError("NOAUTH Authentication required."), AuthenticationFailed),
+        (rx.NoPermissionError("NOPERM this user has no permissions"), PermissionDenied),
+        (rx.ConnectionError("max number of clients reached"), BackendUnavailable),
         (
             rx.ReadOnlyError("READONLY You can't write against a read only replica."),
             BackendUnavailable,

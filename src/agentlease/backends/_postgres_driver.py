@@ -36,7 +36,14 @@ from psycopg_pool import PoolTimeout
 from agentlease._records import Task, task_from_row
 from agentlease.backends._sqlfile import queries
 from agentlease.backends.base import AsyncBackend, Backend
-from agentlease.errors import BackendError, BackendUnavailable
+from agentlease.errors import (
+    AuthenticationFailed,
+    BackendError,
+    BackendRefused,
+    BackendUnavailable,
+    PermissionDenied,
+    SchemaNotMigrated,
+)
 
 if TYPE_CHECKING:
     from agentlease.backends._postgres_url import PostgresSettings
@@ -202,24 +209,43 @@ def channel(schema: str, queue: str) -> str:
 
 _MISSING = (errors.UndefinedTable, errors.UndefinedFunction, errors.InvalidSchemaName)
 MIGRATE_HINT = "run: agentlease migrate --backend URL"
+# A refused login carries no SQLSTATE in psycopg (libpq keeps none for connection failures), so
+# it is known by libpq's and the server's words (a server that reports in another language
+# than English is not recognised: its refusals stay BackendUnavailable).
+_LOGIN_REFUSED = (
+    "authentication failed for user",  # password, and peer, ident, ldap, cert, ...
+    "no pg_hba.conf entry for",
+    "pg_hba.conf rejects connection",
+    "no password supplied",
+    "is not permitted to log in",
+    'authentication method requirement "',  # libpq's require_auth
+)
+_ROLE_MISSING = re.compile(r'role ".*" does not exist')
+_DATABASE_MISSING = re.compile(r'database ".*" does not exist')
 
 
 def translate(settings: PostgresSettings, exc: psycopg.Error) -> BackendError:
     """The one place where psycopg errors become agentlease errors.
 
     Callers ``raise translate(settings, exc) from exc`` so the driver's error stays the cause.
-    Connection failures, timeouts, shutdowns and a closed pool are :class:`BackendUnavailable`;
-    a schema without the agentlease tables is a :class:`BackendError` that says how to fix it.
+    Connection failures, timeouts, shutdowns and a closed pool are :class:`BackendUnavailable`
+    (transient). What retrying cannot fix is a :class:`BackendRefused` (permanent): a refused
+    login (:class:`AuthenticationFailed`), a missing privilege (:class:`PermissionDenied`), a
+    missing database, and a schema without the agentlease tables
+    (:class:`SchemaNotMigrated`, whose message says how to fix it).
     """
     detail = " ".join(str(exc).split()) or type(exc).__name__
     where = f"PostgreSQL {settings.display}"
     if isinstance(exc, _MISSING):
-        return BackendError(
+        return SchemaNotMigrated(
             f"{where}: schema {settings.schema!r} lacks the agentlease tables or is out of date "
             f"({detail}); {MIGRATE_HINT}"
         )
+    refused = _refused_login(where, exc, detail)
+    if refused is not None:
+        return refused
     if isinstance(exc, errors.InsufficientPrivilege):
-        return BackendError(
+        return PermissionDenied(
             f"{where}: {detail} (the URL's user needs CREATE on schema {settings.schema!r} to "
             "migrate it: grant it, run agentlease migrate as the schema's owner, or pick a "
             "schema it owns with ?schema=)"
@@ -233,6 +259,23 @@ def translate(settings: PostgresSettings, exc: psycopg.Error) -> BackendError:
     if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
         return BackendUnavailable(f"{where} is unavailable: {detail}")
     return BackendError(f"{where}: {type(exc).__name__}: {detail}")
+
+
+def _refused_login(where: str, exc: psycopg.Error, detail: str) -> BackendRefused | None:
+    """The permanent error a refused connection stands for, or None if it may be transient."""
+    if isinstance(exc, errors.InvalidAuthorizationSpecification | errors.InvalidPassword):
+        return AuthenticationFailed(f"{where}: authentication failed: {detail}")
+    if isinstance(exc, errors.InvalidCatalogName):
+        return BackendRefused(f"{where}: no such database: {detail}")
+    if not isinstance(exc, psycopg.OperationalError) or exc.sqlstate is not None:
+        return None
+    if any(words in detail for words in _LOGIN_REFUSED) or _ROLE_MISSING.search(detail):
+        return AuthenticationFailed(f"{where}: authentication failed: {detail}")
+    if "permission denied for database" in detail:
+        return PermissionDenied(f"{where}: {detail}")
+    if _DATABASE_MISSING.search(detail):
+        return BackendRefused(f"{where}: no such database: {detail}")
+    return None
 
 
 # -- rows -----------------------------------------------------------------------------------------

@@ -15,16 +15,24 @@ option              default meaning
 ``pool_timeout``    5       seconds to wait for a pooled connection before giving up
 =================== ======= ============================================================
 
+Every host form libpq reads is kept as libpq would read it: ``host[:port]``, several of them
+separated by commas, an ``[IPv6]`` address, and a Unix socket, given as an empty host (libpq's
+default socket: ``postgresql:///db``), a percent-encoded directory in the host part
+(``postgresql://user@%2Fvar%2Frun%2Fpostgresql/db``) or ``host=`` in the query string
+(``postgresql:///db?host=/var/run/postgresql``).
+
 Unknown options, a malformed URL or a bad value raise :class:`~agentlease.errors.InvalidURL`.
+Passwords (in the user part, or ``password``/``sslpassword`` options) never show: the settings'
+``display`` masks them and their ``repr`` leaves out the URL and what libpq receives.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
-from urllib.parse import SplitResult, parse_qsl, quote, urlencode, urlsplit, urlunsplit
+from urllib.parse import SplitResult, parse_qsl, urlencode, urlsplit
 
 from agentlease.errors import InvalidURL
 
@@ -100,9 +108,9 @@ class PostgresSettings:
             set on the connections of a worker's heartbeat.
     """
 
-    url: str
+    url: str = field(repr=False)
     display: str
-    conninfo: str
+    conninfo: str = field(repr=False)
     schema: str = "public"
     migrate: bool = True
     pool_min: int = 1
@@ -141,11 +149,33 @@ class PostgresSettings:
         return parse(_replace_option(self.url, "schema", schema))
 
 
+def _unsplit(parts: SplitResult, query: str) -> str:
+    # Not urlunsplit: it drops the "//" of an empty host ("postgresql:///db" would become
+    # "postgresql:/db", which libpq does not read as a URL), and libpq needs it kept.
+    url = f"{parts.scheme}://{parts.netloc}{parts.path}"
+    return f"{url}?{query}" if query else url
+
+
 def _replace_option(url: str, key: str, value: str) -> str:
     parts = urlsplit(url)
     query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k != key]
     query.append((key, value))
-    return urlunsplit(parts._replace(query=urlencode(query)))
+    return _unsplit(parts, urlencode(query))
+
+
+_HOST_PORT = re.compile(r"^(\[[^\]]*\]|[^:\[\]]*)(?::(\d*))?$")
+
+
+def _check_hosts(netloc: str) -> None:
+    """libpq's host part: ``host[:port]``, or several separated by commas; a host may be empty
+    (the default socket), percent-encoded (a socket directory) or an ``[IPv6]`` address."""
+    for item in netloc.rpartition("@")[2].split(","):
+        match = _HOST_PORT.match(item)
+        if match is None:
+            raise InvalidURL(f"malformed host {item!r} in PostgreSQL URL")
+        port = match.group(2)
+        if port and not 0 < int(port) < 65536:
+            raise InvalidURL(f"port {port} of PostgreSQL URL is out of range")
 
 
 def _number(options: dict[str, str], key: str, default: float, low: float) -> float:
@@ -172,12 +202,14 @@ def _integer(options: dict[str, str], key: str, default: int, low: int) -> int:
 
 def _redacted(parts: SplitResult) -> str:
     netloc = parts.netloc
-    if parts.password is not None:
-        user = quote(parts.username or "", safe="")
-        host = netloc.rpartition("@")[2]
-        netloc = f"{user}:***@{host}"
-    query = [(k, v) for k, v in parse_qsl(parts.query) if k not in ("password", "sslpassword")]
-    return urlunsplit(parts._replace(netloc=netloc, query=urlencode(query)))
+    userinfo, at, hosts = netloc.rpartition("@")
+    if at and ":" in userinfo:
+        netloc = f"{userinfo.partition(':')[0]}:***@{hosts}"
+    query = [
+        (k, "***" if k in ("password", "sslpassword") else v)
+        for k, v in parse_qsl(parts.query, keep_blank_values=True)
+    ]
+    return _unsplit(parts._replace(netloc=netloc), urlencode(query, safe="/*"))
 
 
 def parse(url: str) -> PostgresSettings:
@@ -190,9 +222,9 @@ def parse(url: str) -> PostgresSettings:
         raise InvalidURL(f"backend URL must be a non-empty str, not {url!r}")
     try:
         parts = urlsplit(url)
-        parts.port  # noqa: B018 - raises ValueError on a bad port
     except ValueError as exc:
         raise InvalidURL(f"malformed PostgreSQL URL: {exc}") from None
+    _check_hosts(parts.netloc)
     if parts.scheme.lower() not in SCHEMES:
         raise InvalidURL(f"not a PostgreSQL URL (postgresql://user@host/db): {url!r}")
     if parts.fragment:
@@ -227,7 +259,7 @@ def parse(url: str) -> PostgresSettings:
         raise InvalidURL(f"pool_min ({pool_min}) is larger than pool_max ({pool_max})")
 
     libpq = [(k, v) for k, v in pairs if k not in OWN_OPTIONS]
-    conninfo = urlunsplit(parts._replace(scheme="postgresql", query=urlencode(libpq)))
+    conninfo = _unsplit(parts._replace(scheme="postgresql"), urlencode(libpq))
     return PostgresSettings(
         url=url,
         display=_redacted(parts),
@@ -247,8 +279,10 @@ def connect(url: str) -> Backend:
 
     Raises:
         InvalidURL: see :func:`parse`.
-        BackendUnavailable: the server cannot be reached, or refused the login.
-        BackendError: the schema lacks the tables and ``migrate=false``.
+        BackendUnavailable: the server cannot be reached (transient).
+        AuthenticationFailed: the server refused the login (permanent, as are the next two).
+        SchemaNotMigrated: the schema lacks the tables and ``migrate=false``.
+        SchemaTooNew: the schema was migrated by a newer agentlease.
     """
     from agentlease.backends._sync.postgres_backend import PostgresBackend
     from agentlease.backends._sync.postgres_schema import migrate

@@ -21,8 +21,11 @@ ssl_check_hostname  ``0`` to skip the host name check (rediss only)
 =================== =========================================================================
 
 Opening does no I/O (except for a cluster's synchronous client, which reads the slot map): a
-wrong password or an unreachable host surface at the first call, as
-:class:`~agentlease.errors.BackendUnavailable` within the connect timeout.
+wrong password or an unreachable host surface at the first call, within the connect timeout: an
+unreachable host as :class:`~agentlease.errors.BackendUnavailable` (transient), a refused login
+as :class:`~agentlease.errors.AuthenticationFailed` and a command the user's ACL forbids as
+:class:`~agentlease.errors.PermissionDenied` (both :class:`~agentlease.errors.BackendRefused`:
+permanent, retrying cannot help).
 
 Every driver error reaches the caller through :func:`translate`, the one place where redis-py's
 exceptions become agentlease's (the driver's exception is kept as ``__cause__``).
@@ -47,7 +50,13 @@ from redis import exceptions as rx
 
 from agentlease.backends.base import AsyncBackend as AsyncFace
 from agentlease.backends.base import Backend as SyncFace
-from agentlease.errors import BackendError, BackendUnavailable, InvalidURL
+from agentlease.errors import (
+    AuthenticationFailed,
+    BackendError,
+    BackendUnavailable,
+    InvalidURL,
+    PermissionDenied,
+)
 
 __all__ = [
     "DRIVER_ERRORS",
@@ -316,12 +325,16 @@ def translate(url: str, exc: Exception) -> BackendError:
     Raise the result ``from exc`` so that the driver's exception stays the ``__cause__``.
     """
     message = str(exc) or type(exc).__name__
-    if isinstance(exc, rx.AuthenticationError) or message.startswith(("WRONGPASS", "NOAUTH")):
-        return BackendUnavailable(f"Redis at {url}: authentication failed: {message}")
-    if isinstance(exc, rx.AuthorizationError | rx.NoPermissionError) or message.startswith(
+    # A cluster client that could reach no node says why in the error it chains (a refused login).
+    cause = exc.__cause__ if isinstance(exc, rx.RedisClusterException) else exc
+    if isinstance(cause, rx.AuthenticationError | rx.AuthenticationWrongNumberOfArgsError) or (
+        message.startswith(("WRONGPASS", "NOAUTH"))
+    ):  # permanent: the same login fails the same way until the URL or the server's users change
+        return AuthenticationFailed(f"Redis at {url}: authentication failed: {message}")
+    if isinstance(cause, rx.AuthorizationError | rx.NoPermissionError) or message.startswith(
         "NOPERM"
     ):
-        return BackendUnavailable(f"Redis at {url}: the user may not do this: {message}")
+        return PermissionDenied(f"Redis at {url}: the user may not do this: {message}")
     if isinstance(exc, _UNAVAILABLE) or message.startswith(_UNAVAILABLE_REPLIES):
         return BackendUnavailable(f"Redis at {url} is unavailable: {message}")
     if isinstance(exc, rx.RedisClusterException) and "connect" in message.lower():  # no node

@@ -14,6 +14,10 @@ busy, checked per row inside their one transaction (so an earlier task of the sa
 the trigger ``agentlease_unpark`` starts a partition's next task inside whichever statement
 finishes its last busy task (complete, fail, a reap past max_reclaims), so that step stays one.
 
+Versions: ``PRAGMA user_version`` is the schema's version (:data:`SCHEMA_VERSION`). An older
+database is upgraded when opened; a newer one (written by a newer agentlease) is refused with
+:class:`~agentlease.errors.SchemaTooNew` before anything is written to it.
+
 Durability: with ``synchronous=NORMAL`` (the default here) a committed write survives the crash
 of any process; a power loss may lose the last transactions. ``?synchronous=FULL`` keeps those too.
 """
@@ -58,6 +62,7 @@ from agentlease.errors import (
     BackendError,
     BackendUnavailable,
     LeaseLost,
+    SchemaTooNew,
     UnknownQueue,
     UnknownTask,
 )
@@ -155,11 +160,15 @@ class SQLiteBackend(SQLiteKeys, SQLiteState):
                 check_same_thread=False,
                 cached_statements=64,
             )
+            self._refuse_newer(self._version())  # first: a refused client changes nothing
             self._wal()
             self._db.execute(f"PRAGMA synchronous={synchronous}")
             self._migrate()
         except sqlite3.Error as exc:
             raise _translate(path, exc) from exc
+        except SchemaTooNew:
+            self._db.close()
+            raise
 
     def _wal(self) -> None:
         """Switch the file to WAL. Switching needs the file to itself, and SQLite answers
@@ -177,14 +186,24 @@ class SQLiteBackend(SQLiteKeys, SQLiteState):
                 time.sleep(pause)
                 pause = min(pause * 2, 0.1)
 
+    def _version(self) -> int:
+        (version,) = self._db.execute("PRAGMA user_version").fetchone()
+        return int(version)
+
+    def _refuse_newer(self, version: int) -> None:
+        """A database a newer agentlease wrote (a higher ``user_version``) is refused and left
+        as it was: this version would misread or damage its tables."""
+        if version > SCHEMA_VERSION:
+            raise SchemaTooNew(f"SQLite database {self.path!r}", "schema", version, SCHEMA_VERSION)
+
     def _migrate(self) -> None:
         db = self._db
-        (version,) = db.execute("PRAGMA user_version").fetchone()
-        if version >= SCHEMA_VERSION:
+        if self._version() == SCHEMA_VERSION:
             return
         db.execute("BEGIN IMMEDIATE")
         try:
-            (version,) = db.execute("PRAGMA user_version").fetchone()
+            version = self._version()
+            self._refuse_newer(version)  # a newer agentlease may have migrated it meanwhile
             if version < SCHEMA_VERSION:
                 # Version 0 is a new file: the schema creates everything. An older database
                 # first gets the changes to the tables it has, one version after another.

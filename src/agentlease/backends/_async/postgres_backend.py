@@ -119,8 +119,11 @@ class AsyncPostgresBackend(PostgresKeys, PostgresState):
         """Migrate (or check) the schema and open the pool now instead of at the first call.
 
         Raises:
-            BackendUnavailable: the server cannot be reached, or refused the login.
-            BackendError: the schema lacks the tables and the URL says ``migrate=false``.
+            BackendUnavailable: the server cannot be reached (transient).
+            BackendRefused: permanent: the login was refused (:class:`AuthenticationFailed`),
+                the schema lacks the tables and the URL says ``migrate=false``
+                (:class:`SchemaNotMigrated`), or a newer agentlease migrated it
+                (:class:`SchemaTooNew`).
         """
         await self._ready()
 

@@ -8,6 +8,10 @@ schema if needed, reads the versions again and applies only what is still missin
 processes that start together queue on the lock, and each one after the first finds the work
 done. A failure rolls everything back, so a schema is never left half-migrated.
 
+A schema with a migration newer than any this agentlease ships (an upgraded process migrated
+it) is refused with :class:`~agentlease.errors.SchemaTooNew`, by :func:`migrate` and
+:func:`pending` alike, before anything is written: this version would misread its tables.
+
 Written once for asyncio; ``backends/_sync/postgres_schema.py`` is generated from it.
 """
 
@@ -21,7 +25,7 @@ from psycopg import AsyncConnection, sql
 
 from agentlease.backends._postgres_driver import MIGRATE_HINT, MIGRATIONS, Migration, Q, translate
 from agentlease.backends._postgres_url import PostgresSettings
-from agentlease.errors import BackendError
+from agentlease.errors import SchemaNotMigrated, SchemaTooNew
 
 __all__ = ["lock_key", "migrate", "pending"]
 
@@ -32,13 +36,20 @@ def lock_key(schema: str) -> int:
     return int.from_bytes(digest, "big", signed=True)
 
 
-async def _applied(conn: AsyncConnection[Any]) -> set[int]:
+async def _applied(conn: AsyncConnection[Any], settings: PostgresSettings) -> set[int]:
+    """The versions applied to the schema; a version newer than any this agentlease knows is
+    refused (before anything is written)."""
     cur = await conn.execute(Q["migrations_exist"])
     row = await cur.fetchone()
     if row is None or not row[0]:
         return set()
     cur = await conn.execute(Q["applied_versions"])
-    return {version for (version,) in await cur.fetchall()}
+    applied = {version for (version,) in await cur.fetchall()}
+    newest = MIGRATIONS[-1].version
+    if applied and max(applied) > newest:
+        where = f"PostgreSQL {settings.display} (schema {settings.schema!r})"
+        raise SchemaTooNew(where, "migrations", max(applied), newest)
+    return applied
 
 
 def _missing(applied: set[int]) -> list[Migration]:
@@ -53,11 +64,13 @@ async def pending(settings: PostgresSettings) -> list[Migration]:
     """The migrations not yet applied to the URL's schema (nothing is changed).
 
     Raises:
-        BackendUnavailable: the server cannot be reached, or refused the login.
+        BackendUnavailable: the server cannot be reached.
+        BackendRefused: the server refused the login (:class:`AuthenticationFailed`), or the
+            schema is newer than this agentlease (:class:`SchemaTooNew`).
     """
     try:
         async with await _connect(settings) as conn:
-            return _missing(await _applied(conn))
+            return _missing(await _applied(conn, settings))
     except psycopg.Error as exc:
         raise translate(settings, exc) from exc
 
@@ -69,18 +82,20 @@ async def migrate(settings: PostgresSettings, *, apply: bool = True) -> list[Mig
         The migrations this call applied (empty when the schema was up to date).
 
     Raises:
-        BackendUnavailable: the server cannot be reached, or refused the login.
-        BackendError: ``apply=False`` and migrations are pending, or applying one failed
-            (nothing of it was kept).
+        BackendUnavailable: the server cannot be reached.
+        AuthenticationFailed: the server refused the login.
+        SchemaNotMigrated: ``apply=False`` and migrations are pending.
+        SchemaTooNew: the schema has a migration newer than this agentlease knows.
+        BackendError: applying a migration failed (nothing of it was kept).
     """
     try:
         async with await _connect(settings) as conn:
-            missing = _missing(await _applied(conn))
+            missing = _missing(await _applied(conn, settings))
             if not missing:
                 return []
             if not apply:
                 names = ", ".join(f"{m.version:04d}_{m.name}" for m in missing)
-                raise BackendError(
+                raise SchemaNotMigrated(
                     f"PostgreSQL {settings.display}: schema {settings.schema!r} lacks the "
                     f"agentlease tables or is out of date (pending migrations: {names}) and the "
                     f"URL says migrate=false; {MIGRATE_HINT}"
@@ -102,7 +117,7 @@ async def _apply(conn: AsyncConnection[Any], settings: PostgresSettings) -> list
             await conn.execute(sql.SQL("CREATE SCHEMA {}").format(schema))
         await conn.execute(sql.SQL("SET LOCAL search_path TO {}").format(schema))
         await conn.execute(Q["migrations_table"])
-        for migration in _missing(await _applied(conn)):
+        for migration in _missing(await _applied(conn, settings)):
             await conn.execute(migration.sql)
             await conn.execute(
                 Q["record_migration"], {"version": migration.version, "name": migration.name}

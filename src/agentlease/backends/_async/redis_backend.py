@@ -21,6 +21,10 @@ queue but absent, so an enqueue that crashed between the two steps is completed 
 the same enqueue to the same queue (an id left reserved that way for a queue nobody retries
 stays taken: enqueueing it elsewhere reports it as existing). A reservation made for a task the
 script did not create (its dedup key was taken) is dropped again.
+
+Version. Before its first call a backend reads ``<prefix>:layout``, the key layout's version
+(written on first use), and refuses a store written by a newer agentlease with
+:class:`~agentlease.errors.SchemaTooNew`; see :mod:`.redis_layout`.
 """
 
 from __future__ import annotations
@@ -44,7 +48,8 @@ from agentlease._records import (
 )
 from agentlease.backends import _redis_url
 from agentlease.backends._async.redis_keys import RedisKeys
-from agentlease.backends._async.redis_link import Call, Client, RedisLink
+from agentlease.backends._async.redis_layout import CheckedLink
+from agentlease.backends._async.redis_link import Call, Client
 from agentlease.backends._async.redis_state import RedisState
 from agentlease.backends.lua import (
     claim_terms,
@@ -96,7 +101,7 @@ class AsyncRedisBackend(RedisKeys, RedisState):
             )
         except _redis_url.DRIVER_ERRORS as exc:  # a cluster client reads the slot map at once
             raise _redis_url.translate(self.url, exc) from exc
-        self._link = RedisLink(client, self.url)
+        self._link = CheckedLink(client, self.url, options.prefix)
 
     # -- helpers -------------------------------------------------------------------------------
 

@@ -45,6 +45,8 @@ on one Redis Cluster shard and every script is given all the keys it touches:
                             are its first members)
 ``p:ids``                   hash: task id -> queue (ids are unique across queues)
 ``p:queues``                set: every queue enqueued to
+``p:layout``                string: this layout's version (1), written on first use; a client
+                            refuses a higher one (see ``_async/redis_layout.py``)
 ``p:key:{k}``               hash: idempotency key ``k`` (its own hash tag, so keys spread over
                             a cluster): state, fingerprint, fence, holder, token, times,
                             result or error, last request nonce (see ``_keys.lua``); Redis
