@@ -18,11 +18,12 @@ cancelled and has unwound. A sync handler still running on its thread keeps its 
 expires and is reaped as after a crash (its late writes are refused). A second signal skips the
 rest of the grace period and ends the run within about a second. Every signal is logged.
 
-Store errors: an unreachable store (:class:`~agentlease.errors.BackendUnavailable`) is logged
-(rate-limited, with the URL without its password) while the worker backs off with jitter and
-tries again; any other store error (authentication, permission, a missing or newer schema) is
-permanent and ends the run with that error. In burst mode a store unreachable for longer than a
-lease ends the run with BackendUnavailable.
+Store errors: an unreachable store (:class:`~agentlease.errors.BackendUnavailable`), or any other
+failure of a claim, is logged (rate-limited, with the URL without its password) while the worker
+backs off with jitter and tries again. A store that refuses the worker for good
+(:class:`~agentlease.errors.BackendRefused`: authentication, permission, a missing or newer
+schema) ends the run with that error at once. In burst mode a store unreachable for longer than a
+lease ends the run with the last error.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import contextlib
 import contextvars
 import functools
 import inspect
+import logging
 import random
 import signal
 import threading
@@ -56,6 +58,7 @@ from agentlease._threads import HandlerThreads
 from agentlease.errors import (
     AgentLeaseError,
     BackendError,
+    BackendRefused,
     BackendUnavailable,
     Cancelled,
     LeaseLost,
@@ -173,9 +176,9 @@ class AsyncWorker:
             How many jobs this run finished (completed, failed or lost).
 
         Raises:
-            BackendError: the store refused the worker for good (authentication, permission, a
+            BackendRefused: the store refused the worker for good (authentication, permission, a
                 missing or newer schema); running handlers were cancelled first.
-            BackendUnavailable: in burst mode, the store stayed unreachable for a whole lease.
+            BackendError: in burst mode, the store failed every claim for a whole lease.
         """
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
@@ -253,8 +256,10 @@ class AsyncWorker:
         """Warn once if nothing was ever enqueued to this queue (a typo is otherwise silent)."""
         try:
             known = await self.queue.queues()
-        except BackendUnavailable:
-            return  # the claim loop reports the outage
+        except BackendRefused:
+            raise
+        except BackendError:
+            return  # the claim loop reports it
         if self.name not in known:
             logger.warning(
                 "queue %r has never been used on %s; waiting for tasks to be enqueued to it "
@@ -278,7 +283,9 @@ class AsyncWorker:
             sent_at = time.monotonic()
             try:
                 jobs = await self.queue.claim(self.name, free if self.settings.batch else 1)
-            except BackendUnavailable as exc:
+            except BackendRefused:
+                raise  # the same every time: the run ends with it
+            except BackendError as exc:
                 # Leases keep their heartbeat; the claim is tried again after a jittered backoff.
                 down_for = outage.failed(exc)
                 if burst and down_for > self.queue.settings.lease_for:
@@ -525,16 +532,18 @@ class _Outage:
         self.failures = 0
         self.logged_at = 0.0
 
-    def failed(self, exc: BackendUnavailable) -> float:
-        """Record one failed claim; returns how long the store has been unreachable."""
+    def failed(self, exc: BackendError) -> float:
+        """Record one failed claim; returns how long claims have been failing."""
         now = time.monotonic()
         if self.since is None:
             self.since = now
         self.failures += 1
         if self.failures == 1 or now - self.logged_at >= _OUTAGE_LOG_EVERY:
             self.logged_at = now
-            logger.warning(
-                "store unreachable for %.1fs (%d failed claims on queue %r) at %s: %s; retrying",
+            logger.log(
+                logging.WARNING if isinstance(exc, BackendUnavailable) else logging.ERROR,
+                "%s for %.1fs (%d failed claims on queue %r) at %s: %s; retrying",
+                "store unreachable" if isinstance(exc, BackendUnavailable) else "claims failing",
                 now - self.since,
                 self.failures,
                 self.queue,

@@ -12,6 +12,8 @@ unknown role or database). A wrong PostgreSQL password is tested on the private 
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -226,3 +228,22 @@ def test_postgres_schema_without_tables_and_migrate_false_is_refused(
             migrated.queues()
     finally:
         migrated.close()
+
+
+def test_a_worker_refused_by_the_store_exits_at_once_with_the_reason(
+    auth_redis: PrivateRedis,
+) -> None:
+    """Without --burst too: a wrong password must not leave a worker idling silently."""
+    url = f"redis://:wrong@127.0.0.1:{auth_redis.port}/0?prefix=auth"
+    started = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "agentlease", "worker", "json:dumps", "--backend", url, "-q", "q"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert time.monotonic() - started < 30
+    assert proc.returncode == 2, proc.stderr
+    assert "authentication failed" in proc.stderr.lower()
+    assert "wrong" not in proc.stderr
