@@ -1,0 +1,566 @@
+"""Chaos: real worker processes on SQLite, Redis and PostgreSQL under a seeded schedule of faults.
+
+Each run starts a private store (a SQLite file; a private ``redis-server`` with ``appendonly yes``
+and ``appendfsync always``; a private PostgreSQL) with a loopback TCP proxy in front of the
+servers, feeds it tasks while three worker processes (tests/faults/_chaos_child.py, ``Worker``
+or ``AsyncWorker``) run them, and drives faults: a worker SIGKILLed (and replaced), a worker
+SIGSTOPped past its lease then SIGCONTed, the store restarted, every connection cut, the network
+stalled past the lease then resumed. Then the workers drain the queue and are stopped with
+SIGTERM, and the run fails on
+
+- a task lost (not ``done`` at the end) or left in another state,
+- an accepted completion that is not unique (two accepted for one task, or a stored result that
+  no single handler run of the stored attempt produced),
+- a worker that exited by itself, or did not exit with status 0 on SIGTERM,
+- any traceback in a worker's stderr (an exception that escaped, untyped or not).
+
+Duplicate *executions* are allowed (a frozen zombie may run on after its lease was reaped);
+duplicate *accepted completions* are not.
+
+Three seeds per backend by default, faces alternating (even seeds sync, odd seeds async), each
+run about 15 seconds; ``AGENTLEASE_DEEP=1`` runs 50 seeds per backend. A failure prints the
+seed, the schedule as it happened and the command that runs it again
+(``AGENTLEASE_CHAOS_SEED=<seed> pytest tests/faults/test_chaos.py -k <backend>``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, TypeVar
+
+import pytest
+
+import agentlease as al
+from agentlease.errors import AgentLeaseError, BackendUnavailable
+from tests import _private_postgres
+from tests._private_redis import CannotStart, PrivateRedis
+from tests._proxy import Proxy
+from tests.conftest import unavailable
+
+ROOT = Path(__file__).resolve().parents[2]
+CHILD = Path(__file__).with_name("_chaos_child.py")
+DEEP = os.environ.get("AGENTLEASE_DEEP") == "1"
+_PINNED = os.environ.get("AGENTLEASE_CHAOS_SEED")
+SEEDS = [int(_PINNED)] if _PINNED else list(range(50 if DEEP else 3))
+BACKENDS = ["sqlite", "redis", "postgres"]
+FACES = ["sync", "async"]
+
+LEASE = 2.0  # seconds: each lease (heartbeats every third of it)
+HOLD = 1.4 * LEASE  # how long a freeze or a stall lasts: longer than a lease
+WORKERS = 3
+TASKS = 60
+FEED_FOR = 9.0  # seconds over which the tasks are enqueued: work runs through the faults
+DRAIN = 90.0  # seconds the workers get to finish everything after the last fault
+QUEUE = "chaos"
+
+T = TypeVar("T")
+
+FAULTS = {
+    "sqlite": ["kill", "freeze"],
+    "redis": ["kill", "freeze", "restart", "cut", "stall"],
+    "postgres": ["kill", "freeze", "restart", "cut", "stall"],
+}
+
+
+def face_of(seed: int) -> str:
+    return FACES[seed % 2]
+
+
+def params() -> list[object]:
+    return [
+        pytest.param(backend, seed, id=f"{backend}-seed{seed}-{face_of(seed)}")
+        for backend in BACKENDS
+        for seed in SEEDS
+    ]
+
+
+# -- the schedule -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One fault: what, on which worker slot (kill, freeze), and the pause before it."""
+
+    kind: str
+    slot: int
+    pause: float
+    down_for: float = 0.0  # restart: how long the store stays down
+
+
+def schedule(backend: str, seed: int) -> list[Fault]:
+    """Every fault kind of the backend once (SQLite: twice), in a seeded order and rhythm."""
+    rand = random.Random(f"{backend}-{seed}")
+    kinds = FAULTS[backend] * (2 if backend == "sqlite" else 1)
+    kinds += [rand.choice(FAULTS[backend])]
+    rand.shuffle(kinds)
+    return [
+        Fault(
+            kind=kind,
+            slot=rand.randrange(WORKERS),
+            pause=rand.uniform(0.4, 1.2),
+            down_for=rand.uniform(0.2, 1.0) if kind == "restart" else 0.0,
+        )
+        for kind in kinds
+    ]
+
+
+# -- stores --------------------------------------------------------------------------------------
+
+
+@dataclass
+class Target:
+    """The store of one run: the workers' URL (through the proxy), the driver's (direct), and
+    how to restart it."""
+
+    worker_url: str
+    direct_url: str
+    restart: Callable[[float], None] | None = None
+    proxy: Proxy | None = None
+
+
+@pytest.fixture(scope="module")
+def postgres_server() -> Iterator[_private_postgres.PrivatePostgres]:
+    """One private PostgreSQL for the module (each run has its own schema)."""
+    try:
+        pg = _private_postgres.start()
+    except _private_postgres.CannotStart as exc:
+        unavailable("private postgres", str(exc))
+    try:
+        yield pg
+    finally:
+        pg.stop()
+
+
+@contextlib.contextmanager
+def open_target(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Target]:
+    if backend == "sqlite":
+        url = f"sqlite:///{tmp_path / 'chaos.db'}"
+        yield Target(url, url)
+        return
+    if backend == "redis":
+        try:
+            server = PrivateRedis(
+                tmp_path / "redis", options={"appendonly": "yes", "appendfsync": "always"}
+            ).start()
+        except CannotStart as exc:
+            unavailable("private redis-server", exc.reason)
+
+        def restart_redis(down_for: float) -> None:
+            server.kill()  # SIGKILL: what was acknowledged is in the append-only file
+            time.sleep(down_for)
+            server.start()
+
+        proxy = Proxy("127.0.0.1", server.port)
+        options = "prefix=chaos&connect_timeout=1&socket_timeout=1"
+        try:
+            yield Target(
+                f"redis://127.0.0.1:{proxy.port}/0?{options}",
+                f"{server.url}?{options}",
+                restart_redis,
+                proxy,
+            )
+        finally:
+            proxy.close()
+            server.stop()
+        return
+    pg: _private_postgres.PrivatePostgres = request.getfixturevalue("postgres_server")
+    if not pg._running:
+        pg.start()
+    schema = f"chaos_{uuid.uuid4().hex[:10]}"
+    proxy = Proxy("127.0.0.1", pg.port)
+
+    def restart_postgres(down_for: float) -> None:
+        pg.restart(down_for=down_for, mode="fast")
+
+    options = f"schema={schema}&connect_timeout=2&pool_timeout=2"
+    try:
+        yield Target(
+            f"postgresql://postgres@127.0.0.1:{proxy.port}/postgres?{options}",
+            pg.url(schema=schema, connect_timeout="2", pool_timeout="2"),
+            restart_postgres,
+            proxy,
+        )
+    finally:
+        proxy.close()
+        if not pg._running:
+            pg.start()
+        with contextlib.suppress(Exception):
+            pg.sql(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+
+# -- worker processes ----------------------------------------------------------------------------
+
+
+@dataclass
+class Child:
+    """One worker process and what it leaves behind."""
+
+    name: str
+    process: subprocess.Popen[bytes]
+    stderr: Path
+    ledger: Path
+    killed: bool = False  # by the schedule (SIGKILL): its exit is expected
+    frozen: bool = False
+
+
+@dataclass
+class Run:
+    backend: str
+    seed: int
+    face: str
+    directory: Path
+    target: Target
+    started: float = field(default_factory=time.monotonic)
+    children: list[Child] = field(default_factory=list)
+    slots: list[Child] = field(default_factory=list)
+    log: list[str] = field(default_factory=list)
+    files: list[IO[bytes]] = field(default_factory=list)
+
+    def note(self, what: str) -> None:
+        self.log.append(f"{time.monotonic() - self.started:7.2f}s  {what}")
+
+    def spawn(self) -> Child:
+        k = len(self.children)
+        err = self.directory / f"w{k}.err"
+        ledger = self.directory / f"w{k}.ledger"
+        out = err.open("wb")
+        self.files.append(out)
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                str(CHILD),
+                self.target.worker_url,
+                QUEUE,
+                self.face,
+                str(ledger),
+                repr(LEASE),
+                str(self.seed * 100 + k),
+            ],
+            cwd=ROOT,
+            stdout=out,  # files, not pipes: a chatty worker never blocks on a full pipe
+            stderr=out,
+        )
+        child = Child(f"w{k}", process, err, ledger)
+        self.children.append(child)
+        self.note(f"started {child.name} (pid {process.pid})")
+        return child
+
+    def wait_ready(self, children: list[Child], timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        for child in children:
+            while not (child.ledger.exists() and b" ready" in child.ledger.read_bytes()):
+                self.check_alive()
+                assert time.monotonic() < deadline, f"{child.name} did not start"
+                time.sleep(0.05)
+
+    def check_alive(self) -> None:
+        for child in self.children:
+            if not child.killed and child.process.poll() is not None:
+                raise WorkerExited(child)
+
+    def close(self) -> None:
+        for child in self.children:
+            if child.process.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    child.process.send_signal(signal.SIGCONT)
+                    child.process.kill()
+                child.process.wait(timeout=30)
+        for f in self.files:
+            f.close()
+
+
+class WorkerExited(Exception):
+    def __init__(self, child: Child) -> None:
+        super().__init__(f"{child.name} exited by itself with status {child.process.returncode}")
+        self.child = child
+
+
+# -- driving -------------------------------------------------------------------------------------
+
+
+def retry_store(call: Callable[[], T], timeout: float = 60.0) -> T:
+    """Call the store from the driver until it answers (it may be restarting)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return call()
+        except BackendUnavailable:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+def feed(run: Run, client: al.Queue, stop: threading.Event, errors: list[BaseException]) -> None:
+    """Enqueue the tasks over FEED_FOR seconds, with ids, so a retried enqueue is harmless."""
+    rand = random.Random(f"work-{run.seed}")
+    try:
+        for i in range(TASKS):
+            if stop.is_set():
+                return
+            spec = al.TaskSpec(payload={"work": round(rand.uniform(0.3, 0.9), 3)}, id=f"t{i:03d}")
+            retry_store(lambda spec=spec: client.enqueue_many(QUEUE, [spec]))
+            stop.wait(FEED_FOR / TASKS)
+    except BaseException as exc:
+        errors.append(exc)
+
+
+def apply(run: Run, fault: Fault) -> None:
+    target = run.target
+    if fault.kind == "kill":
+        child = run.slots[fault.slot]
+        child.killed = True
+        child.process.send_signal(signal.SIGKILL)
+        child.process.wait(timeout=30)
+        run.note(f"SIGKILL {child.name}")
+        run.slots[fault.slot] = run.spawn()
+    elif fault.kind == "freeze":
+        child = run.slots[fault.slot]
+        child.process.send_signal(signal.SIGSTOP)
+        child.frozen = True
+        run.note(f"SIGSTOP {child.name} for {HOLD:.1f}s")
+        time.sleep(HOLD)
+        child.process.send_signal(signal.SIGCONT)
+        child.frozen = False
+        run.note(f"SIGCONT {child.name}")
+    elif fault.kind == "restart":
+        assert target.restart is not None
+        run.note(f"store down for {fault.down_for:.2f}s")
+        target.restart(fault.down_for)
+        run.note("store up again")
+    elif fault.kind == "cut":
+        assert target.proxy is not None
+        closed = target.proxy.cut(reset=fault.slot % 2 == 0)
+        run.note(f"proxy cut {closed} connections")
+    elif fault.kind == "stall":
+        assert target.proxy is not None
+        target.proxy.stall()
+        run.note(f"proxy stalled for {HOLD:.1f}s")
+        time.sleep(HOLD)
+        target.proxy.resume()
+        run.note("proxy resumed")
+    else:  # pragma: no cover
+        raise AssertionError(fault.kind)
+
+
+def wait_drained(run: Run, client: al.Queue) -> dict[str, int]:
+    deadline = time.monotonic() + DRAIN
+    counts: dict[str, int] = {}
+    while True:
+        run.check_alive()
+        with contextlib.suppress(AgentLeaseError):
+            stats = client.stats(QUEUE)
+            counts = {state: n for state, n in stats.counts.items() if n}
+            if counts == {"done": TASKS}:
+                return counts
+        if time.monotonic() > deadline:
+            return counts
+        time.sleep(0.1)
+
+
+def stop_workers(run: Run) -> list[str]:
+    """SIGTERM every live worker; each must exit with status 0 in time."""
+    problems = []
+    live = [c for c in run.children if c.process.poll() is None]
+    for child in live:
+        child.process.send_signal(signal.SIGCONT)
+        child.process.send_signal(signal.SIGTERM)
+    run.note(f"SIGTERM {', '.join(c.name for c in live)}")
+    for child in live:
+        try:
+            code = child.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            child.process.kill()
+            child.process.wait(timeout=30)
+            problems.append(f"{child.name} did not exit within 30s of SIGTERM")
+            continue
+        if code != 0:
+            problems.append(f"{child.name} exited with status {code} on SIGTERM")
+    return problems
+
+
+# -- checking ------------------------------------------------------------------------------------
+
+
+def read_ledger(run: Run) -> list[tuple[str, int, int, str]]:
+    rows = []
+    for child in run.children:
+        if not child.ledger.exists():
+            continue
+        for line in child.ledger.read_text().splitlines():
+            parts = line.split()
+            if len(parts) >= 4:  # a torn last line of a killed worker is skipped
+                rows.append((parts[0], int(parts[1]), int(parts[2]), parts[3]))
+    return rows
+
+
+def check_tasks(client: al.Queue, rows: list[tuple[str, int, int, str]]) -> list[str]:
+    problems = []
+    ends: Counter[tuple[str, int]] = Counter()
+    end_pid: dict[tuple[str, int], int] = {}
+    accepted: defaultdict[str, list[tuple[int, int]]] = defaultdict(list)
+    started: defaultdict[str, set[int]] = defaultdict(set)
+    for task, attempt, pid, kind in rows:
+        if kind == "end":
+            ends[task, attempt] += 1
+            end_pid[task, attempt] = pid
+        elif kind == "accepted":
+            accepted[task].append((attempt, pid))
+        elif kind == "start":
+            started[task].add(attempt)
+    for (task, attempt), n in ends.items():
+        if n > 1:
+            problems.append(f"{task}: attempt {attempt} ran to its end {n} times")
+    for i in range(TASKS):
+        task_id = f"t{i:03d}"
+        try:
+            task = retry_store(lambda task_id=task_id: client.get(task_id))
+        except al.UnknownTask:
+            problems.append(f"{task_id}: lost (unknown to the store)")
+            continue
+        if task.state != "done":
+            problems.append(
+                f"{task_id}: lost: state {task.state!r} after the drain "
+                f"(attempt {task.attempt}, reclaims {task.reclaims}, failures {task.failures},"
+                f" error {task.error!r})"
+            )
+            continue
+        result = task.result
+        expected_pid = end_pid.get((task_id, task.attempt))
+        if expected_pid is None:
+            problems.append(
+                f"{task_id}: done with result {result!r} at attempt {task.attempt}, but no "
+                f"handler run of that attempt ended (ledger attempts: {sorted(started[task_id])})"
+            )
+        elif result != {"pid": expected_pid, "attempt": task.attempt}:
+            problems.append(
+                f"{task_id}: stored result {result!r} at attempt {task.attempt} is not what "
+                f"that attempt's run (pid {expected_pid}) returned"
+            )
+        acks = accepted[task_id]
+        if len(acks) > 1:
+            problems.append(f"{task_id}: completion accepted {len(acks)} times: {acks}")
+        for attempt, pid in acks:
+            if attempt != task.attempt:
+                problems.append(
+                    f"{task_id}: pid {pid} saw its completion of attempt {attempt} accepted, "
+                    f"but the store holds attempt {task.attempt}'s"
+                )
+        later = [a for a in started[task_id] if a > task.attempt]
+        if later:
+            problems.append(f"{task_id}: attempts {later} ran after attempt {task.attempt} won")
+    return problems
+
+
+TRACEBACK_END = re.compile(r"^(?:[\w.]+\.)?\w+(?:Error|Exception|Exit|Interrupt|Lost)\b.*$")
+
+
+def excerpt(lines: list[str]) -> list[str]:
+    """The first traceback: the log line before it, its first and last frames, its exception."""
+    start = next(
+        (i for i, line in enumerate(lines) if line.startswith(("Traceback", "CHAOS-UNCAUGHT"))),
+        0,
+    )
+    end = next(
+        (i for i in range(start + 1, len(lines)) if TRACEBACK_END.match(lines[i])),
+        min(len(lines) - 1, start + 30),
+    )
+    block = lines[max(0, start - 2) : end + 1]
+    return block if len(block) <= 20 else [*block[:8], "      ...", *block[-10:]]
+
+
+def check_stderr(run: Run) -> list[str]:
+    """Any traceback or escaped exception in a worker's stderr, with its exception lines."""
+    problems = []
+    for child in run.children:
+        text = child.stderr.read_text(errors="replace")
+        if "Traceback" not in text and "CHAOS-UNCAUGHT" not in text:
+            continue
+        lines = text.splitlines()
+        causes = [line for line in lines if line.startswith("CHAOS-UNCAUGHT")]
+        causes += [line for line in lines if TRACEBACK_END.match(line)]
+        problems.append(
+            f"{child.name}{' (killed)' if child.killed else ''}: exception in stderr: "
+            f"{sorted(set(causes))}\n    first one:\n      " + "\n      ".join(excerpt(lines))
+        )
+    return problems
+
+
+# -- the test ------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("backend", "seed"), params())
+def test_chaos(backend: str, seed: int, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    face = face_of(seed)
+    faults = schedule(backend, seed)
+    with open_target(backend, tmp_path, request) as target:
+        client = al.Queue.connect(target.direct_url)
+        run = Run(backend, seed, face, tmp_path, target)
+        problems: list[str] = []
+        stop_feed = threading.Event()
+        feed_errors: list[BaseException] = []
+        feeder = threading.Thread(target=feed, args=(run, client, stop_feed, feed_errors))
+        try:
+            retry_store(client.queues)  # the schema is in place before the workers start
+            run.slots = [run.spawn() for _ in range(WORKERS)]
+            run.wait_ready(run.slots)
+            run.note("workers ready; feeding tasks")
+            feeder.start()
+            for fault in faults:
+                time.sleep(fault.pause)
+                run.check_alive()
+                apply(run, fault)
+            run.wait_ready(run.slots)
+            feeder.join(timeout=FEED_FOR + 120)
+            if feed_errors:
+                problems.append(f"feeding failed: {feed_errors[0]!r}")
+            run.note("faults over; draining")
+            counts = wait_drained(run, client)
+            run.note(f"drained: {counts}")
+            if counts != {"done": TASKS}:
+                problems.append(f"not drained within {DRAIN:.0f}s: {counts}")
+            problems += stop_workers(run)
+        except WorkerExited as exc:
+            run.note(str(exc))
+            problems.append(str(exc))
+        finally:
+            stop_feed.set()
+            if feeder.is_alive():
+                feeder.join(timeout=120)
+            run.close()
+        problems += check_tasks(client, read_ledger(run))
+        problems += check_stderr(run)
+        client.close()
+    rows = read_ledger(run)
+    runs = sum(1 for r in rows if r[3] == "start")
+    print(f"{runs} handler runs for {TASKS} tasks", *run.log, sep="\n")
+    if problems:
+        header = (
+            f"chaos {backend} seed {seed} ({face} workers): {len(problems)} problem(s); "
+            f"{runs} handler runs for {TASKS} tasks\n"
+            f"again: AGENTLEASE_CHAOS_SEED={seed} python -m pytest "
+            f"{Path(__file__).relative_to(ROOT)} "
+            f"-k {backend}\n"
+        )
+        shown = problems[:15] + ([f"... and {len(problems) - 15} more"] if problems[15:] else [])
+        pytest.fail(
+            header
+            + "problems:\n  "
+            + "\n  ".join(shown)
+            + "\nschedule as it happened:\n  "
+            + "\n  ".join(run.log),
+            pytrace=False,
+        )
