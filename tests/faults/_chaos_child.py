@@ -10,7 +10,8 @@ per step, ``<task> <attempt> <pid> <kind>``, written with one ``os.write`` on an
 descriptor so that a line is whole even when the process is SIGKILLed. Kinds: ``start`` and
 ``end`` of a handler run, ``stop`` (the handler saw its job cancelled), ``cancel`` (an async
 handler was cancelled), ``accepted`` (the worker's ``completed`` event: the store took the
-result), ``lost`` (``lease_lost``), and ``- 0 <pid> ready`` / ``- 0 <pid> exit <processed>``.
+result), ``lost`` (``lease_lost``), ``- 0 <pid> ready`` (connected, about to run) and
+``- 0 <pid> exit <processed>``.
 
 Every exception that escapes anything (``run()``, a thread, an event-loop callback) is printed
 to stderr with its type and traceback, and an exception escaping ``run()`` exits with status 3.
@@ -107,12 +108,13 @@ def main(argv: list[str]) -> int:
     worker_settings = al.WorkerSettings(
         concurrency=2, poll_interval=0.1, shutdown_grace=3.0, seed=seed
     )
-    ledger.note("-", 0, "ready")
     try:
         if face == "sync":
             queue = al.Queue.connect(url, settings=queue_settings, on_event=on_event)
             worker = al.Worker(queue, queue_name, sync_handler, settings=worker_settings)
             try:
+                queue.queues()  # connected (and the schema in place) before saying ready
+                ledger.note("-", 0, "ready")
                 processed = worker.run()
             finally:
                 queue.close()
@@ -132,6 +134,8 @@ def main(argv: list[str]) -> int:
                     aworker = al.AsyncWorker(
                         aqueue, queue_name, async_handler, settings=worker_settings
                     )
+                    await aqueue.queues()
+                    ledger.note("-", 0, "ready")
                     return await aworker.run()
                 finally:
                     await aqueue.close()

@@ -48,6 +48,7 @@ from agentlease.errors import AgentLeaseError, BackendUnavailable
 from tests import _private_postgres
 from tests._private_redis import CannotStart, PrivateRedis
 from tests._proxy import Proxy
+from tests.conftest import BACKENDS as SELECTED
 from tests.conftest import unavailable
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,7 +56,7 @@ CHILD = Path(__file__).with_name("_chaos_child.py")
 DEEP = os.environ.get("AGENTLEASE_DEEP") == "1"
 _PINNED = os.environ.get("AGENTLEASE_CHAOS_SEED")
 SEEDS = [int(_PINNED)] if _PINNED else list(range(50 if DEEP else 3))
-BACKENDS = ["sqlite", "redis", "postgres"]
+BACKENDS = [b for b in ("sqlite", "redis", "postgres") if b in SELECTED]  # see conftest
 FACES = ["sync", "async"]
 
 LEASE = 2.0  # seconds: each lease (heartbeats every third of it)
@@ -228,6 +229,7 @@ class Run:
     slots: list[Child] = field(default_factory=list)
     log: list[str] = field(default_factory=list)
     files: list[IO[bytes]] = field(default_factory=list)
+    untyped: Counter[str] = field(default_factory=Counter)  # from the driver's own calls
 
     def note(self, what: str) -> None:
         self.log.append(f"{time.monotonic() - self.started:7.2f}s  {what}")
@@ -291,8 +293,12 @@ class WorkerExited(Exception):
 # -- driving -------------------------------------------------------------------------------------
 
 
-def retry_store(call: Callable[[], T], timeout: float = 60.0) -> T:
-    """Call the store from the driver until it answers (it may be restarting)."""
+def retry_store(call: Callable[[], T], untyped: Counter[str], timeout: float = 60.0) -> T:
+    """Call the store from the driver until it answers (it may be restarting).
+
+    An exception from outside agentlease's tree is a finding too: it is counted in ``untyped``
+    and the call is tried again, so that the run still gets to its checks.
+    """
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -300,7 +306,13 @@ def retry_store(call: Callable[[], T], timeout: float = 60.0) -> T:
         except BackendUnavailable:
             if time.monotonic() > deadline:
                 raise
-            time.sleep(0.1)
+        except AgentLeaseError:
+            raise
+        except Exception as exc:
+            untyped[f"{type(exc).__module__}.{type(exc).__qualname__}: {exc}"] += 1
+            if time.monotonic() > deadline:
+                raise
+        time.sleep(0.1)
 
 
 def feed(run: Run, client: al.Queue, stop: threading.Event, errors: list[BaseException]) -> None:
@@ -311,7 +323,7 @@ def feed(run: Run, client: al.Queue, stop: threading.Event, errors: list[BaseExc
             if stop.is_set():
                 return
             spec = al.TaskSpec(payload={"work": round(rand.uniform(0.3, 0.9), 3)}, id=f"t{i:03d}")
-            retry_store(lambda spec=spec: client.enqueue_many(QUEUE, [spec]))
+            retry_store(lambda spec=spec: client.enqueue_many(QUEUE, [spec]), run.untyped)
             stop.wait(FEED_FOR / TASKS)
     except BaseException as exc:
         errors.append(exc)
@@ -326,6 +338,7 @@ def apply(run: Run, fault: Fault) -> None:
         child.process.wait(timeout=30)
         run.note(f"SIGKILL {child.name}")
         run.slots[fault.slot] = run.spawn()
+        run.wait_ready([run.slots[fault.slot]])  # connected before the next fault
     elif fault.kind == "freeze":
         child = run.slots[fault.slot]
         child.process.send_signal(signal.SIGSTOP)
@@ -360,12 +373,14 @@ def wait_drained(run: Run, client: al.Queue) -> dict[str, int]:
     counts: dict[str, int] = {}
     while True:
         run.check_alive()
-        with contextlib.suppress(AgentLeaseError):
-            stats = client.stats(QUEUE)
-            counts = {state: n for state, n in stats.counts.items() if n}
-            if counts == {"done": TASKS}:
-                return counts
-        if time.monotonic() > deadline:
+        left = deadline - time.monotonic()
+        try:
+            stats = retry_store(lambda: client.stats(QUEUE), run.untyped, timeout=max(0, left))
+        except Exception as exc:  # the store did not answer in time (untyped errors are counted)
+            run.note(f"stats failed: {exc!r}")
+            return counts
+        counts = {state: n for state, n in stats.counts.items() if n}
+        if counts == {"done": TASKS} or time.monotonic() > deadline:
             return counts
         time.sleep(0.1)
 
@@ -406,8 +421,15 @@ def read_ledger(run: Run) -> list[tuple[str, int, int, str]]:
     return rows
 
 
-def check_tasks(client: al.Queue, rows: list[tuple[str, int, int, str]]) -> list[str]:
+def check_tasks(
+    run: Run, client: al.Queue, rows: list[tuple[str, int, int, str]], *, finished: bool
+) -> list[str]:
+    """Each task done once, its result from one run of its last attempt, accepted once.
+
+    ``finished``: the run got to its end (otherwise tasks not done yet are not called lost).
+    """
     problems = []
+    not_done: dict[str, str] = {}
     ends: Counter[tuple[str, int]] = Counter()
     end_pid: dict[tuple[str, int], int] = {}
     accepted: defaultdict[str, list[tuple[int, int]]] = defaultdict(list)
@@ -426,15 +448,14 @@ def check_tasks(client: al.Queue, rows: list[tuple[str, int, int, str]]) -> list
     for i in range(TASKS):
         task_id = f"t{i:03d}"
         try:
-            task = retry_store(lambda task_id=task_id: client.get(task_id))
+            task = retry_store(lambda task_id=task_id: client.get(task_id), run.untyped)
         except al.UnknownTask:
             problems.append(f"{task_id}: lost (unknown to the store)")
             continue
         if task.state != "done":
-            problems.append(
-                f"{task_id}: lost: state {task.state!r} after the drain "
-                f"(attempt {task.attempt}, reclaims {task.reclaims}, failures {task.failures},"
-                f" error {task.error!r})"
+            not_done[task_id] = (
+                f"{task_id}: state {task.state!r} (attempt {task.attempt}, reclaims "
+                f"{task.reclaims}, failures {task.failures}, error {task.error!r})"
             )
             continue
         result = task.result
@@ -461,6 +482,15 @@ def check_tasks(client: al.Queue, rows: list[tuple[str, int, int, str]]) -> list
         later = [a for a in started[task_id] if a > task.attempt]
         if later:
             problems.append(f"{task_id}: attempts {later} ran after attempt {task.attempt} won")
+    if not_done and finished:
+        shown = list(not_done.values())
+        problems.append(
+            f"{len(not_done)} task(s) lost (not done after the drain): "
+            + "; ".join(shown[:5])
+            + (f"; ... and {len(shown) - 5} more" if shown[5:] else "")
+        )
+    elif not_done:
+        problems.append(f"the run stopped early: {len(not_done)} task(s) not done yet")
     return problems
 
 
@@ -510,11 +540,12 @@ def test_chaos(backend: str, seed: int, tmp_path: Path, request: pytest.FixtureR
         client = al.Queue.connect(target.direct_url)
         run = Run(backend, seed, face, tmp_path, target)
         problems: list[str] = []
+        finished = False
         stop_feed = threading.Event()
         feed_errors: list[BaseException] = []
         feeder = threading.Thread(target=feed, args=(run, client, stop_feed, feed_errors))
         try:
-            retry_store(client.queues)  # the schema is in place before the workers start
+            retry_store(client.queues, run.untyped)  # the schema is there before the workers
             run.slots = [run.spawn() for _ in range(WORKERS)]
             run.wait_ready(run.slots)
             run.note("workers ready; feeding tasks")
@@ -533,6 +564,7 @@ def test_chaos(backend: str, seed: int, tmp_path: Path, request: pytest.FixtureR
             if counts != {"done": TASKS}:
                 problems.append(f"not drained within {DRAIN:.0f}s: {counts}")
             problems += stop_workers(run)
+            finished = True
         except WorkerExited as exc:
             run.note(str(exc))
             problems.append(str(exc))
@@ -541,8 +573,12 @@ def test_chaos(backend: str, seed: int, tmp_path: Path, request: pytest.FixtureR
             if feeder.is_alive():
                 feeder.join(timeout=120)
             run.close()
-        problems += check_tasks(client, read_ledger(run))
         problems += check_stderr(run)
+        problems += check_tasks(run, client, read_ledger(run), finished=finished)
+        problems += [
+            f"the driver's own client got an untyped exception {n} time(s): {what}"
+            for what, n in run.untyped.items()
+        ]
         client.close()
     rows = read_ledger(run)
     runs = sum(1 for r in rows if r[3] == "start")
