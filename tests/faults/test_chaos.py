@@ -501,26 +501,51 @@ def check_tasks(
     return problems
 
 
-TRACEBACK_END = re.compile(r"^(?:[\w.]+\.)?\w+(?:Error|Exception|Exit|Interrupt|Lost)\b.*$")
+EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(?:: .*)?$")  # "redis.exceptions.X: message"
+_CHAIN = ("Traceback", "The above exception", "During handling", "CHAOS-UNCAUGHT")
 
 
-def excerpt(lines: list[str]) -> list[str]:
-    """The first traceback: the log lines before it, its frames in agentlease, its last frame
-    and its exception."""
-    start = next(
-        (i for i, line in enumerate(lines) if line.startswith(("Traceback", "CHAOS-UNCAUGHT"))),
-        0,
-    )
-    end = next(
-        (i for i in range(start + 1, len(lines)) if TRACEBACK_END.match(lines[i])),
-        min(len(lines) - 1, start + 30),
-    )
-    keep = set(range(max(0, start - 2), start + 1)) | set(range(max(start, end - 2), end + 1))
-    for i in range(start, end):
-        if lines[i].lstrip().startswith('File "') and "/agentlease/" in lines[i]:
+def tracebacks(lines: list[str]) -> list[tuple[int, int]]:
+    """The (first, last) line numbers of each traceback, chained causes included."""
+    found = []
+    i = 0
+    while i < len(lines):
+        if not lines[i].startswith(_CHAIN):
+            i += 1
+            continue
+        end = i
+        while end + 1 < len(lines) and (
+            not lines[end + 1].strip()
+            or lines[end + 1].startswith((" ", *_CHAIN))
+            or (EXCEPTION_LINE.match(lines[end + 1]) and lines[end].strip() != "")
+        ):
+            end += 1
+        found.append((i, end))
+        i = end + 1
+    return found
+
+
+def is_exception(lines: list[str], i: int) -> bool:
+    return bool(EXCEPTION_LINE.match(lines[i])) and not lines[i].startswith(_CHAIN)
+
+
+def excerpt(lines: list[str], start: int, end: int) -> list[str]:
+    """One traceback, shortened: the log lines before it, its frames in agentlease, and for
+    each exception of the chain the frame that raised it and the exception."""
+    keep = set(range(max(0, start - 2), start + 1))
+    for i in range(start, end + 1):
+        line = lines[i]
+        if line.startswith(_CHAIN):
+            keep.add(i)
+        elif is_exception(lines, i):
+            frame = [k for k in range(i - 3, i) if lines[k].lstrip().startswith('File "')]
+            keep |= set(range(frame[-1] if frame else i, i + 1))
+        elif line.lstrip().startswith('File "') and "/agentlease/" in line:
             keep |= {i, i + 1}
     shown: list[str] = []
-    for i in sorted(keep):
+    for i in sorted(k for k in keep if 0 <= k <= end):
+        if lines[i].lstrip().startswith(("^", "~")):
+            continue  # the carets under a line of code
         if shown and i - 1 not in keep:
             shown.append("  ...")
         shown.append(lines[i])
@@ -531,15 +556,18 @@ def check_stderr(run: Run) -> list[str]:
     """Any traceback or escaped exception in a worker's stderr, with its exception lines."""
     problems = []
     for child in run.children:
-        text = child.stderr.read_text(errors="replace")
-        if "Traceback" not in text and "CHAOS-UNCAUGHT" not in text:
+        lines = child.stderr.read_text(errors="replace").splitlines()
+        found = tracebacks(lines)
+        if not found:
             continue
-        lines = text.splitlines()
-        causes = [line for line in lines if line.startswith("CHAOS-UNCAUGHT")]
-        causes += [line for line in lines if TRACEBACK_END.match(line)]
+        causes = sorted(
+            {lines[i] for a, b in found for i in range(a, b + 1) if is_exception(lines, i)}
+            | {line for line in lines if line.startswith("CHAOS-UNCAUGHT")}
+        )
+        first = "\n      ".join(excerpt(lines, *found[0]))
         problems.append(
-            f"{child.name}{' (killed)' if child.killed else ''}: exception in stderr: "
-            f"{sorted(set(causes))}\n    first one:\n      " + "\n      ".join(excerpt(lines))
+            f"{child.name}{' (killed)' if child.killed else ''}: {len(found)} traceback(s) in "
+            f"stderr: {causes}\n    the first:\n      {first}"
         )
     return problems
 
