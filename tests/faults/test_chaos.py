@@ -220,7 +220,6 @@ class Child:
     stderr: Path
     ledger: Path
     killed: bool = False  # by the schedule (SIGKILL): its exit is expected
-    frozen: bool = False
 
 
 @dataclass
@@ -271,7 +270,8 @@ class Run:
         for child in children:
             while not (child.ledger.exists() and b" ready" in child.ledger.read_bytes()):
                 self.check_alive()
-                assert time.monotonic() < deadline, f"{child.name} did not start"
+                if time.monotonic() > deadline:
+                    raise RunAborted(f"{child.name} was not connected within {timeout:.0f}s")
                 time.sleep(0.05)
 
     def check_alive(self) -> None:
@@ -290,7 +290,11 @@ class Run:
             f.close()
 
 
-class WorkerExited(Exception):
+class RunAborted(Exception):
+    """The run cannot go on (its message says why)."""
+
+
+class WorkerExited(RunAborted):
     def __init__(self, child: Child) -> None:
         super().__init__(f"{child.name} exited by itself with status {child.process.returncode}")
         self.child = child
@@ -348,11 +352,9 @@ def apply(run: Run, fault: Fault) -> None:
     elif fault.kind == "freeze":
         child = run.slots[fault.slot]
         child.process.send_signal(signal.SIGSTOP)
-        child.frozen = True
         run.note(f"SIGSTOP {child.name} for {HOLD:.1f}s")
         time.sleep(HOLD)
         child.process.send_signal(signal.SIGCONT)
-        child.frozen = False
         run.note(f"SIGCONT {child.name}")
     elif fault.kind == "restart":
         assert target.restart is not None
@@ -437,6 +439,7 @@ def check_tasks(
     """
     problems = []
     not_done: dict[str, str] = {}
+    checks_end = time.monotonic() + 60
     ends: Counter[tuple[str, int]] = Counter()
     end_pid: dict[tuple[str, int], int] = {}
     accepted: defaultdict[str, list[tuple[int, int]]] = defaultdict(list)
@@ -455,7 +458,11 @@ def check_tasks(
     for i in range(TASKS):
         task_id = f"t{i:03d}"
         try:
-            task = retry_store(lambda task_id=task_id: client.get(task_id), run.untyped)
+            left = max(0.0, checks_end - time.monotonic())
+            task = retry_store(lambda task_id=task_id: client.get(task_id), run.untyped, left)
+        except BackendUnavailable as exc:
+            problems.append(f"the store did not answer the final checks: {exc}")
+            break
         except al.UnknownTask:
             not_done[task_id] = f"{task_id}: unknown to the store"  # or not fed yet
             continue
@@ -610,9 +617,12 @@ def test_chaos(backend: str, seed: int, tmp_path: Path, request: pytest.FixtureR
                 problems.append(f"not drained within {DRAIN:.0f}s: {counts}")
             problems += stop_workers(run)
             finished = True
-        except WorkerExited as exc:
+        except RunAborted as exc:
             run.note(str(exc))
             problems.append(str(exc))
+        except Exception as exc:  # the driver itself (a store that would not restart, ...)
+            run.note(f"the driver failed: {exc!r}")
+            problems.append(f"the driver failed: {exc!r}")
         finally:
             stop_feed.set()
             if feeder.is_alive():
