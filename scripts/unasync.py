@@ -50,6 +50,7 @@ RENAMES = {
     # Shared-state guards.
     "AsyncSharedState": "SharedState",
     "AsyncLockSet": "LockSet",
+    "AsyncCounterHold": "CounterHold",
 }
 SUBS: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"\basync def\b"), "def"),

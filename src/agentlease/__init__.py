@@ -5,6 +5,7 @@ working, requeue expired leases to the front, and reject every write from a zomb
 reaped. The public API is this module's ``__all__``; everything else is private.
 """
 
+from agentlease._async.holds import AsyncCounterHold
 from agentlease._async.idempotency import AsyncAction, AsyncIdempotency
 from agentlease._async.queue import AsyncQueue
 from agentlease._async.state import AsyncLockSet, AsyncSharedState
@@ -32,6 +33,7 @@ from agentlease._records import (
 )
 from agentlease._scope import current_fence, current_key, idempotency_scope
 from agentlease._settings import IdempotencySettings, QueueSettings
+from agentlease._sync.holds import CounterHold
 from agentlease._sync.idempotency import Action, Idempotency
 from agentlease._sync.queue import Queue
 from agentlease._sync.state import LockSet, SharedState
@@ -50,6 +52,7 @@ from agentlease.errors import (
     DuplicateInFlight,
     FencedOff,
     GuardError,
+    HoldLost,
     IdempotencyConflict,
     IdempotencyError,
     InvalidDuration,
@@ -87,6 +90,7 @@ __all__ = [
     "AgentLeaseError",
     "AsyncAction",
     "AsyncBackend",
+    "AsyncCounterHold",
     "AsyncIdempotency",
     "AsyncIdempotentFunction",
     "AsyncJobContext",
@@ -101,11 +105,13 @@ __all__ = [
     "BackendUnavailable",
     "Cancelled",
     "ConflictError",
+    "CounterHold",
     "DuplicateInFlight",
     "Enqueued",
     "Event",
     "FencedOff",
     "GuardError",
+    "HoldLost",
     "Idempotency",
     "IdempotencyConflict",
     "IdempotencyError",

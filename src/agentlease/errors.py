@@ -28,6 +28,7 @@ Every refusal is one of these classes, so callers can catch exactly what they me
     │   ├── LockTimeout                         a lock set was not acquired within its timeout
     │   ├── LockLost                            a held lock ran out or was taken (renewal failed)
     │   ├── NotLockOwner                        a release by someone who does not hold the lock
+    │   ├── HoldLost                            a counter hold ran out or already ended
     │   └── LockHeldAcrossModelCall             a model call entered while the task holds a lock
     ├── BackendError                            the store failed; the driver error is __cause__
     │   ├── BackendUnavailable                  cannot reach or open the store now (transient)
@@ -60,6 +61,7 @@ __all__ = [
     "DuplicateInFlight",
     "FencedOff",
     "GuardError",
+    "HoldLost",
     "IdempotencyConflict",
     "IdempotencyError",
     "InvalidDuration",
@@ -336,6 +338,18 @@ class NotLockOwner(GuardError):
         super().__init__(f"lock {name!r} is not held by the caller (holder: {holder!r})")
         self.name = name
         self.holder = holder
+
+
+class HoldLost(GuardError):
+    """A counter hold ran out (its units went back to the counter) or was already released or
+    committed: a renewal, release or commit with its token was refused and changed nothing."""
+
+    def __init__(self, name: str, units: int, detail: str = "") -> None:
+        super().__init__(
+            f"the hold of {units} on counter {name!r} is lost" + (f": {detail}" if detail else "")
+        )
+        self.name = name
+        self.units = units
 
 
 class LockHeldAcrossModelCall(GuardError):

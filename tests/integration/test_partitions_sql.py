@@ -326,7 +326,7 @@ def test_a_sqlite_database_at_version_3_is_upgraded(tmp_path: Path) -> None:
     finally:
         q.close()
     db = sqlite3.connect(path)
-    assert db.execute("PRAGMA user_version").fetchone() == (4,)
+    assert db.execute("PRAGMA user_version").fetchone() == (5,)
     names = {r[0] for r in db.execute("SELECT name FROM sqlite_master")}
     assert {"agentlease_busy", "agentlease_parked", "agentlease_unpark", "agentlease_keys"} <= names
     db.close()

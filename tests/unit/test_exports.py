@@ -6,7 +6,9 @@ import agentlease
 
 PUBLIC = {
     "versioned_update",
+    "AsyncCounterHold",
     "AsyncLockSet",
+    "CounterHold",
     "AsyncSharedState",
     "LockSet",
     "ModelCall",
@@ -18,6 +20,7 @@ PUBLIC = {
     "ConflictError",
     "FencedOff",
     "GuardError",
+    "HoldLost",
     "LimitReached",
     "LockHeldAcrossModelCall",
     "LockLost",
@@ -113,6 +116,7 @@ def test_sync_and_async_faces_have_the_same_method_names() -> None:
     assert methods(agentlease.Action) == methods(agentlease.AsyncAction)
     assert methods(agentlease.SharedState) == methods(agentlease.AsyncSharedState)
     assert methods(agentlease.LockSet) == methods(agentlease.AsyncLockSet)
+    assert methods(agentlease.CounterHold) == methods(agentlease.AsyncCounterHold)
 
 
 def test_every_error_descends_from_one_root() -> None:

@@ -18,6 +18,9 @@ Written once for asyncio; the synchronous face is generated from this file by sc
 * **Bounded counters** (materialised constraints): :meth:`~SharedState.reserve` refuses
   past a maximum, :meth:`~SharedState.take` below a minimum, so write skew across a fan-out
   becomes a refusal on one contended row.
+* **Counter holds**: :meth:`~SharedState.hold` takes units of the same bounded counter
+  under a lease renewed while held, so a holder that dies gives them back (see
+  :mod:`agentlease._sync.holds`).
 * **Lock sets**: :meth:`~SharedState.locks` acquires several locks at once, in canonical
   order, all or nothing, within a mandatory timeout, with a TTL renewed while held and a fencing
   token per lock; a lost renewal is raised, not swallowed.
@@ -48,7 +51,9 @@ from agentlease.errors import (
     NotLockOwner,
 )
 
-__all__ = ["LockSet", "SharedState"]
+from .holds import CounterHold
+
+__all__ = ["CounterHold", "LockSet", "SharedState"]
 
 _HOST = socket.gethostname()
 
@@ -148,6 +153,8 @@ class SharedState:
         self._renewals = Renewals(self._renew)
 
     def _renew(self, entry: Renewing) -> None:
+        if isinstance(entry.lease, CounterHold):
+            return entry.lease._renew()
         held: LockSet = entry.lease
         missing = self.backend.extend_locks(held.names, held.owner, held._ttl)
         if missing:
@@ -344,6 +351,31 @@ class SharedState:
         """Add ``n`` (may be negative) with no bound; returns the new count."""
         n = check.integer(n, "n", low=-(2**62), high=2**62)
         return self.backend.add_counter(_guards.record_key(name), n, None, None)
+
+    def hold(self, name: str, n: int = 1, *, limit: int, ttl: float = 30.0) -> CounterHold:
+        """Hold ``n`` units of a capacity that may not pass ``limit`` (the same counter and
+        limit as :meth:`reserve`), under a lease; use as a context manager::
+
+            with state.hold("seats", 2, limit=10, ttl=30) as held:
+                book(seats=2)
+                held.commit()  # the seats stay taken; without this they go back
+
+        The held units count in the counter's value at once. The hold's TTL (on the store's
+        clock) is renewed every third of ``ttl`` while held; a holder that dies or freezes gives
+        the units back ``ttl`` after its last renewal, at the next step that touches the
+        counter, with no reaper running. Leaving the block without
+        :meth:`~CounterHold.commit` releases them; :meth:`CounterHold.check` raises
+        if the hold was lost.
+
+        Raises:
+            LimitReached: (on entering) fewer than ``n`` units are left; nothing was taken.
+            HoldLost: (on exit) the hold ran out before it was released (renewals failed?).
+        """
+        n = check.integer(n, "n", low=1, high=2**62)
+        limit = check.integer(limit, "limit", low=-(2**62), high=2**62)
+        return CounterHold(
+            self, _guards.record_key(name), n, limit, check.duration(ttl, "ttl")
+        )
 
     # -- lock sets ------------------------------------------------------------------------------
 

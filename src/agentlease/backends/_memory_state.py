@@ -1,8 +1,9 @@
-"""The memory backend's shared-state guards: versioned records, bounded counters, lock sets.
+"""The memory backend's shared-state guards: versioned records, bounded counters (and their
+holds), lock sets.
 
 Every method is called with the backend's lock held and the store's ``now``, so each one is one
-atomic step. Expired locks are found through a heap by expiry (lazy deletion), so sweeping never
-looks at live locks.
+atomic step. Expired locks, and each counter's expired holds, are found through a heap by expiry
+(lazy deletion), so sweeping never looks at live ones.
 """
 
 from __future__ import annotations
@@ -66,13 +67,24 @@ class _Lock:
 
 
 @dataclass(slots=True)
+class _Holds:
+    """A counter's live holds: token -> (units, expires_at), and a heap of (expires_at, token)
+    to find the expired ones without looking at the live (lazy deletion: an entry whose hold
+    was renewed, released or committed since is skipped)."""
+
+    live: dict[str, tuple[int, float]] = field(default_factory=dict)
+    expiries: list[tuple[float, str]] = field(default_factory=list)
+
+
+@dataclass(slots=True)
 class StateTables:
-    """Records, counters and locks held in memory."""
+    """Records, counters, counter holds and locks held in memory."""
 
     records: dict[str, StateRecord] = field(default_factory=dict)
     counters: dict[str, int] = field(default_factory=dict)
     locks: dict[str, _Lock] = field(default_factory=dict)
     expiries: list[tuple[float, str]] = field(default_factory=list)
+    holds: dict[str, _Holds] = field(default_factory=dict)
 
     def write_record(self, key: str, write: RecordWrite, now: float) -> StateRecord:
         current = self.records.get(key)
@@ -81,13 +93,66 @@ class StateTables:
         self.records[key] = record
         return record
 
-    def add_counter(self, name: str, delta: int, low: int | None, high: int | None) -> int:
-        value = self.counters.get(name, 0)
+    def counter(self, name: str, now: float) -> int:
+        """A counter's value after giving back the units of its holds that ran out by ``now``."""
+        holds = self.holds.get(name)
+        if holds is not None:
+            while holds.expiries and holds.expiries[0][0] <= now:
+                expires_at, token = heapq.heappop(holds.expiries)
+                hold = holds.live.get(token)
+                if hold is not None and hold[1] == expires_at:
+                    del holds.live[token]
+                    self.counters[name] = self.counters.get(name, 0) - hold[0]
+            if not holds.live:
+                del self.holds[name]
+        return self.counters.get(name, 0)
+
+    def add_counter(
+        self, name: str, delta: int, low: int | None, high: int | None, now: float
+    ) -> int:
+        value = self.counter(name, now)
         new = value + delta
         if (low is not None and new < low) or (high is not None and new > high):
             raise LimitReached(name, value, delta, low, high)
         self.counters[name] = new
         return new
+
+    def hold(self, name: str, token: str, units: int, high: int, ttl: float, now: float) -> int:
+        value = self.counter(name, now)
+        holds = self.holds.setdefault(name, _Holds())
+        if token in holds.live:
+            return value  # a resend of a hold that was made
+        new = value + units
+        if new > high:
+            if not holds.live:
+                del self.holds[name]
+            raise LimitReached(name, value, units, None, high)
+        self.counters[name] = new
+        holds.live[token] = (units, now + ttl)
+        heapq.heappush(holds.expiries, (now + ttl, token))
+        return new
+
+    def extend_hold(self, name: str, token: str, ttl: float, now: float) -> bool:
+        self.counter(name, now)
+        holds = self.holds.get(name)
+        if holds is None or token not in holds.live:
+            return False
+        units, _ = holds.live[token]
+        holds.live[token] = (units, now + ttl)
+        heapq.heappush(holds.expiries, (now + ttl, token))
+        return True
+
+    def end_hold(self, name: str, token: str, commit: bool, now: float) -> bool:
+        self.counter(name, now)
+        holds = self.holds.get(name)
+        if holds is None or token not in holds.live:
+            return False
+        units, _ = holds.live.pop(token)
+        if not commit:
+            self.counters[name] = self.counters.get(name, 0) - units
+        if not holds.live:
+            del self.holds[name]
+        return True
 
     def _held_by(self, name: str, now: float) -> _Lock | None:
         lock = self.locks.get(name)
@@ -155,8 +220,8 @@ class StateTables:
 
 
 class MemoryState:
-    """The ``*_record``, ``*_counter`` and ``*_locks`` primitives of the memory backend (a base
-    of the backend class), each under the backend's lock."""
+    """The ``*_record``, ``*_counter``, ``*_hold`` and ``*_locks`` primitives of the memory
+    backend (a base of the backend class), each under the backend's lock."""
 
     if TYPE_CHECKING:
         _lock: threading.RLock
@@ -173,11 +238,27 @@ class MemoryState:
 
     def add_counter(self, name: str, delta: int, low: int | None, high: int | None) -> int:
         with self._lock:
-            return self._state.add_counter(name, delta, low, high)
+            return self._state.add_counter(name, delta, low, high, self._clock())
 
     def get_counter(self, name: str) -> int:
         with self._lock:
-            return self._state.counters.get(name, 0)
+            return self._state.counter(name, self._clock())
+
+    def hold_counter(self, name: str, token: str, units: int, high: int, ttl: float) -> int:
+        with self._lock:
+            return self._state.hold(name, token, units, high, ttl, self._clock())
+
+    def extend_hold(self, name: str, token: str, ttl: float) -> bool:
+        with self._lock:
+            return self._state.extend_hold(name, token, ttl, self._clock())
+
+    def release_hold(self, name: str, token: str) -> bool:
+        with self._lock:
+            return self._state.end_hold(name, token, False, self._clock())
+
+    def commit_hold(self, name: str, token: str) -> bool:
+        with self._lock:
+            return self._state.end_hold(name, token, True, self._clock())
 
     def acquire_locks(self, names: Sequence[str], owner: str, ttl: float) -> list[int] | LockBusy:
         with self._lock:

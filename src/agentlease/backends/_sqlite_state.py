@@ -1,15 +1,20 @@
-"""The SQLite backend's shared-state guards: versioned records, bounded counters, lock sets.
+"""The SQLite backend's shared-state guards: versioned records, bounded counters and their
+holds, lock sets.
 
 Tables (schema version 3, ``sql/sqlite.sql``): ``agentlease_records`` (version, fence,
 updated_at per key) with ``agentlease_record_fields`` (one JSON value per field),
 ``agentlease_counters``, and ``agentlease_locks`` (owner, expiry, fence; rows are never deleted,
-so a lock's fence only rises) with a partial index on ``expires_at`` for the sweep.
+so a lock's fence only rises) with a partial index on ``expires_at`` for the sweep. Schema
+version 5 adds ``agentlease_counter_holds`` (counter, token, units, expiry), indexed by counter
+then expiry: every write of a counter first deletes its expired holds and takes their units out.
 
-Atomicity: ``write_record``, ``add_counter`` and ``acquire_locks`` are one ``BEGIN IMMEDIATE``
-transaction each, which holds the write lock from the read that decides to the write, so they
-decide in Python between the two (``write_record`` with the memory backend's
-:func:`~agentlease.backends._memory_state.check_write`). ``extend_locks``, ``release_locks``
-and ``sweep_locks`` are one statement each; the reads are one statement each (one snapshot).
+Atomicity: ``write_record``, ``add_counter``, ``hold_counter``, ``release_hold``,
+``commit_hold`` and ``acquire_locks`` are one ``BEGIN IMMEDIATE`` transaction each, which holds
+the write lock from the read that decides to the write, so they decide in Python between the two
+(``write_record`` with the memory backend's
+:func:`~agentlease.backends._memory_state.check_write`). ``extend_hold``, ``extend_locks``,
+``release_locks`` and ``sweep_locks`` are one statement each; the reads are one statement each
+(one snapshot; ``get_counter`` leaves out the units of expired holds).
 """
 
 from __future__ import annotations
@@ -41,6 +46,18 @@ def _record(key: str, rows: list[Any]) -> StateRecord | None:
     return StateRecord(key, version, fields, fence, updated_at)
 
 
+def _swept(db: sqlite3.Connection, name: str, now: float) -> int:
+    """The counter's value after deleting its expired holds and taking their units out (inside
+    the caller's ``BEGIN IMMEDIATE`` transaction)."""
+    row = db.execute(Q["counter_read"], {"name": name}).fetchone()
+    value: int = 0 if row is None else row[0]
+    expired = sum(units for (units,) in db.execute(Q["counter_sweep"], {"name": name, "now": now}))
+    if expired:
+        value -= expired
+        db.execute(Q["counter_set"], {"name": name, "value": value})
+    return value
+
+
 def _names(names: Sequence[str]) -> bytes:
     return orjson.dumps(list(names))
 
@@ -52,8 +69,8 @@ def _missing(names: Sequence[str], rows: list[Any]) -> list[str]:
 
 
 class SQLiteState:
-    """The ``*_record``, ``*_counter`` and ``*_locks`` primitives of the SQLite backend (a base
-    of the backend class)."""
+    """The ``*_record``, ``*_counter``, ``*_hold`` and ``*_locks`` primitives of the SQLite
+    backend (a base of the backend class)."""
 
     if TYPE_CHECKING:
 
@@ -86,8 +103,7 @@ class SQLiteState:
 
     def add_counter(self, name: str, delta: int, low: int | None, high: int | None) -> int:
         with self._step(write=True) as db:  # the write lock is held from the read to the write
-            row = db.execute(Q["counter_get"], {"name": name}).fetchone()
-            value: int = 0 if row is None else row[0]
+            value = _swept(db, name, time.time())
             new = value + delta
             if (low is not None and new < low) or (high is not None and new > high):
                 raise LimitReached(name, value, delta, low, high)
@@ -95,9 +111,47 @@ class SQLiteState:
         return new
 
     def get_counter(self, name: str) -> int:
-        with self._step(write=False) as db:
-            row = db.execute(Q["counter_get"], {"name": name}).fetchone()
+        with self._step(write=False) as db:  # one statement: counts only live holds
+            row = db.execute(Q["counter_get"], {"name": name, "now": time.time()}).fetchone()
         return 0 if row is None else int(row[0])
+
+    # -- counter holds --------------------------------------------------------------------------
+
+    def hold_counter(self, name: str, token: str, units: int, high: int, ttl: float) -> int:
+        with self._step(write=True) as db:
+            now = time.time()
+            value = _swept(db, name, now)
+            params: dict[str, Any] = {"name": name, "token": token}
+            if db.execute(Q["hold_units"], params).fetchone() is not None:
+                return value  # a resend of a hold that was made
+            new = value + units
+            if new > high:
+                raise LimitReached(name, value, units, None, high)
+            db.execute(Q["counter_set"], {"name": name, "value": new})
+            db.execute(Q["hold_insert"], {**params, "units": units, "expires_at": now + ttl})
+        return new
+
+    def extend_hold(self, name: str, token: str, ttl: float) -> bool:
+        with self._step(write=False) as db:  # one statement
+            now = time.time()
+            params = {"name": name, "token": token, "now": now, "expires_at": now + ttl}
+            return db.execute(Q["hold_extend"], params).rowcount == 1
+
+    def release_hold(self, name: str, token: str) -> bool:
+        return self._end_hold(name, token, commit=False)
+
+    def commit_hold(self, name: str, token: str) -> bool:
+        return self._end_hold(name, token, commit=True)
+
+    def _end_hold(self, name: str, token: str, *, commit: bool) -> bool:
+        with self._step(write=True) as db:
+            value = _swept(db, name, time.time())  # an expired hold is gone after this
+            row = db.execute(Q["hold_end"], {"name": name, "token": token}).fetchone()
+            if row is None:
+                return False
+            if not commit:
+                db.execute(Q["counter_set"], {"name": name, "value": value - int(row[0])})
+        return True
 
     # -- lock sets ------------------------------------------------------------------------------
 

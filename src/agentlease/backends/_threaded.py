@@ -160,6 +160,18 @@ class ThreadedAsyncBackend:
     async def get_counter(self, name: str) -> int:
         return await self._run(self._sync.get_counter, name)
 
+    async def hold_counter(self, name: str, token: str, units: int, high: int, ttl: float) -> int:
+        return await self._run(self._sync.hold_counter, name, token, units, high, ttl)
+
+    async def extend_hold(self, name: str, token: str, ttl: float) -> bool:
+        return await self._run(self._sync.extend_hold, name, token, ttl)
+
+    async def release_hold(self, name: str, token: str) -> bool:
+        return await self._run(self._sync.release_hold, name, token)
+
+    async def commit_hold(self, name: str, token: str) -> bool:
+        return await self._run(self._sync.commit_hold, name, token)
+
     async def acquire_locks(
         self, names: Sequence[str], owner: str, ttl: float
     ) -> list[int] | LockBusy:

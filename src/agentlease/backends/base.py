@@ -31,6 +31,9 @@ Shared-state guards (``*_record``, ``*_counter``, ``*_locks`` primitives) are ea
 step too: a versioned record's write checks its fence, version and state transition and writes
 in the same step; a bounded counter refuses to leave its range; a lock set is acquired all or
 nothing, with lock leases on the store's clock and a fencing token per lock that only increases.
+A counter hold (``*_hold`` primitives) is a reservation with a lease: its units count in the
+counter while it lives, and every step that touches the counter first gives back the units of
+its holds that ran out, so no reaper is needed for capacity to come back.
 Lock names share one namespace per store (on Redis Cluster: one hash tag, so one shard).
 """
 
@@ -233,6 +236,39 @@ class Backend(Protocol):
         """A counter's value (0 if it was never written)."""
         ...
 
+    def hold_counter(self, name: str, token: str, units: int, high: int, ttl: float) -> int:
+        """Hold ``units`` of a bounded counter for ``token`` until ``now + ttl``, in one atomic
+        step; returns the counter's new value.
+
+        A hold adds its units to the counter, as ``add_counter(name, units, None, high)``
+        would, and keeps ``(token, units, expires_at)`` beside it; it raises LimitReached and
+        changes nothing if the sum would pass ``high``. Every primitive that reads or changes a
+        counter's value (``add_counter``, ``get_counter``, ``hold_counter``, ``release_hold``,
+        ``commit_hold``) first gives back the units of that counter's holds whose
+        ``expires_at`` has passed (store clock), in the same step (a read may instead leave
+        them out of the value it returns), so a holder that dies gives its units back ``ttl``
+        after its last renewal with no reaper running. ``token`` is fresh and random per hold;
+        a hold whose token is already live (a resend) changes nothing and returns the value.
+        """
+        ...
+
+    def extend_hold(self, name: str, token: str, ttl: float) -> bool:
+        """Renew a live hold to ``now + ttl``, in one atomic step; ``False`` (and nothing
+        changed) if ``token`` holds nothing of the counter: it ran out, or was released or
+        committed."""
+        ...
+
+    def release_hold(self, name: str, token: str) -> bool:
+        """End a live hold and give its units back to the counter, in one atomic step;
+        ``False`` (and nothing changed) if ``token`` holds nothing of the counter."""
+        ...
+
+    def commit_hold(self, name: str, token: str) -> bool:
+        """End a live hold and keep its units taken for good (as ``add_counter`` would have),
+        in one atomic step; ``False`` (and nothing changed) if ``token`` holds nothing of the
+        counter."""
+        ...
+
     def acquire_locks(self, names: Sequence[str], owner: str, ttl: float) -> list[int] | LockBusy:
         """Acquire every lock of ``names`` for ``owner``, or none, in one atomic step.
 
@@ -320,6 +356,12 @@ class AsyncBackend(Protocol):
         self, name: str, delta: int, low: int | None, high: int | None
     ) -> int: ...
     async def get_counter(self, name: str) -> int: ...
+    async def hold_counter(
+        self, name: str, token: str, units: int, high: int, ttl: float
+    ) -> int: ...
+    async def extend_hold(self, name: str, token: str, ttl: float) -> bool: ...
+    async def release_hold(self, name: str, token: str) -> bool: ...
+    async def commit_hold(self, name: str, token: str) -> bool: ...
     async def acquire_locks(
         self, names: Sequence[str], owner: str, ttl: float
     ) -> list[int] | LockBusy: ...

@@ -70,10 +70,11 @@ from agentlease.errors import (
 __all__ = ["SQLiteBackend"]
 
 Q = queries("agentlease.backends.sql", "sqlite.sql")
-# 1: tasks and queues; 2: idempotency keys; 3: records, counters and locks; 4: partitions. The
-# schema is all "IF NOT EXISTS", so a database at an older version is brought up to date by
-# running it again, after the upgrade_to_<version> steps that change tables it already has.
-SCHEMA_VERSION = 4
+# 1: tasks and queues; 2: idempotency keys; 3: records, counters and locks; 4: partitions; 5:
+# counter holds. The schema is all "IF NOT EXISTS", so a database at an older version is brought
+# up to date by running it again, after the upgrade_to_<version> steps that change tables it
+# already has (version 5 only adds a table: it needs none).
+SCHEMA_VERSION = 5
 
 
 def _translate(path: str, exc: sqlite3.Error) -> BackendError:

@@ -1,9 +1,11 @@
-"""The Redis backend's shared-state guards: versioned records, bounded counters, lock sets.
+"""The Redis backend's shared-state guards: versioned records, bounded counters and their holds,
+lock sets.
 
 Written once for asyncio; ``backends/_sync/redis_state.py`` is generated from it.
 
 A record is the hash ``<prefix>:rec:{<key>}`` and a counter the string ``<prefix>:ctr:{<name>}``:
-each is its own hash tag, so they spread over a Redis Cluster and each script touches one key.
+each is its own hash tag, so they spread over a Redis Cluster and each script touches one record
+or one counter (with its holds, which share the counter's hash tag).
 Every lock key shares the hash tag ``{<prefix>:locks}``, so a lock set of any names is one script
 on one shard: on a cluster, all the locks of a store live on one shard. The layout is drawn in
 :mod:`agentlease.backends.lua`. Times come from ``redis.call('TIME')`` inside the scripts.
@@ -11,11 +13,13 @@ on one shard: on a cluster, all the locks of a store live on one shard. The layo
 Sending a call again after a lost reply (see ``redis_link.py``): reads, lock extensions and
 sweeps repeat harmlessly; a resent acquisition finds the locks held by the same owner and takes
 them again, with new (still rising) tokens; a release carries a request nonce that each lock it
-freed keeps, so a resent one is answered as the first was. A record write and a counter addition
-are never resent once they may have run: a broken connection mid-call raises BackendUnavailable
-(the write may or may not have been applied). A version check would refuse a resent
-compare-and-set, but a blind write or an addition would be applied twice, and a nonce kept in the
-record or counter would recognise a resend only if no other writer came in between.
+freed keeps, so a resent one is answered as the first was. A hold carries its random token, so a
+resent one finds itself made; a resent release or commit finds the tombstone its first sending
+left. A record write and a counter addition are never resent once they may have run: a broken
+connection mid-call raises BackendUnavailable (the write may or may not have been applied). A
+version check would refuse a resent compare-and-set, but a blind write or an addition would be
+applied twice, and a nonce kept in the record or counter would recognise a resend only if no
+other writer came in between.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import orjson
 
 from agentlease._records import LockBusy, RecordWrite, StateRecord
 from agentlease.backends._async.redis_link import RedisLink
-from agentlease.backends.lua import counter_key, lock_keys, record_hash, state_record_from
+from agentlease.backends.lua import counter_keys, lock_keys, record_hash, state_record_from
 from agentlease.errors import ConflictError, FencedOff, GuardError, LimitReached, TransitionRefused
 
 __all__ = ["RedisState"]
@@ -48,8 +52,8 @@ def _decoded(data: bytes | None) -> object:
 
 
 class RedisState:
-    """The ``*_record``, ``*_counter`` and ``*_locks`` primitives of the Redis backend (a base
-    of the backend class)."""
+    """The ``*_record``, ``*_counter``, ``*_hold`` and ``*_locks`` primitives of the Redis
+    backend (a base of the backend class)."""
 
     _link: RedisLink
     _prefix: str
@@ -85,7 +89,7 @@ class RedisState:
     # -- bounded counters ------------------------------------------------------------------------
 
     async def add_counter(self, name: str, delta: int, low: int | None, high: int | None) -> int:
-        keys = (counter_key(self._prefix, name),)
+        keys = counter_keys(self._prefix, name)
         args = (delta, _opt(low), _opt(high))
         reply = await self._link.script("counter_add", keys, args, retry=False)
         if reply[0] == b"limit":
@@ -93,8 +97,30 @@ class RedisState:
         return int(reply[1])
 
     async def get_counter(self, name: str) -> int:
-        value = await self._link.command("GET", counter_key(self._prefix, name))
-        return 0 if value is None else int(value)
+        keys = counter_keys(self._prefix, name)
+        return int(await self._link.script("counter_get", keys, (), retry=True))
+
+    # -- counter holds ---------------------------------------------------------------------------
+
+    async def hold_counter(self, name: str, token: str, units: int, high: int, ttl: float) -> int:
+        keys = counter_keys(self._prefix, name)
+        args = (token, units, high, ttl)
+        reply = await self._link.script("hold_take", keys, args, retry=True)
+        if reply[0] == b"limit":
+            raise LimitReached(name, int(reply[1]), units, None, high)
+        return int(reply[1])
+
+    async def extend_hold(self, name: str, token: str, ttl: float) -> bool:
+        keys = counter_keys(self._prefix, name)[1:]
+        return bool(await self._link.script("hold_extend", keys, (token, ttl), retry=True))
+
+    async def release_hold(self, name: str, token: str) -> bool:
+        keys = counter_keys(self._prefix, name)
+        return bool(await self._link.script("hold_release", keys, (token,), retry=True))
+
+    async def commit_hold(self, name: str, token: str) -> bool:
+        keys = counter_keys(self._prefix, name)
+        return bool(await self._link.script("hold_commit", keys, (token,), retry=True))
 
     # -- lock sets -------------------------------------------------------------------------------
 

@@ -1,24 +1,27 @@
 # Generated from agentlease/backends/_async/postgres_state.py by scripts/unasync.py. DO NOT EDIT.
 # Edit the asyncio source and run: python scripts/unasync.py
-"""The PostgreSQL backend's shared-state guards: versioned records, bounded counters, lock sets.
+"""The PostgreSQL backend's shared-state guards: versioned records, bounded counters and their
+holds, lock sets.
 
 Written once for asyncio; ``backends/_sync/postgres_state.py`` is generated from it.
 
-Tables and functions are in ``sql/postgres_migrations/0003_state.sql``. Every primitive is one
-round trip, atomic under READ COMMITTED:
+Tables and functions are in ``sql/postgres_migrations/0003_state.sql`` (counter holds:
+``0005_holds.sql``). Every primitive is one round trip, atomic under READ COMMITTED:
 
 * ``write_record`` calls ``agentlease_write_record()``, which locks the record's row (or inserts
   it, ``ON CONFLICT DO NOTHING``), checks fence, version and transition guard on what it holds
   and writes the fields, all in one transaction; a refusal comes back with the current record,
   and the typed error is raised here by the memory backend's
   :func:`~agentlease.backends._memory_state.check_write`, so every backend raises the same.
-* ``add_counter`` calls ``agentlease_add_counter()``: one range-checked ``UPDATE`` in the common
-  case; otherwise it locks and reads the row and decides on that value.
+* ``add_counter``, ``hold_counter``, ``release_hold`` and ``commit_hold`` call one function each
+  (``0005_holds.sql``), which locks the counter's row, reads the clock, gives back the units of
+  the counter's holds that ran out, and decides on that value; ``extend_hold`` is one
+  ``UPDATE`` of the hold's row, and ``get_counter`` one read that leaves expired holds out.
 * ``acquire_locks``, ``extend_locks`` and ``release_locks`` call one function each, which locks
   the rows in one canonical order (so overlapping sets never deadlock) and reads the clock after
   any wait; ``acquire_locks`` inserts missing lock rows first, checks them all, then takes them
   all or none.
-* ``lock_holders``, ``get_record``, ``get_counter`` and ``sweep_locks`` are one statement each.
+* ``lock_holders``, ``get_record`` and ``sweep_locks`` are one statement each.
 
 Field values are ``bytea``, sent as memoryviews (the pool's connections send ``bytes`` as json).
 """
@@ -59,8 +62,8 @@ def _missing(names: Sequence[str], rows: list[Row]) -> list[str]:
 
 
 class PostgresState:
-    """The ``*_record``, ``*_counter`` and ``*_locks`` primitives of the PostgreSQL backend (a
-    base of the backend class)."""
+    """The ``*_record``, ``*_counter``, ``*_hold`` and ``*_locks`` primitives of the PostgreSQL
+    backend (a base of the backend class)."""
 
     if TYPE_CHECKING:
 
@@ -107,6 +110,27 @@ class PostgresState:
     def get_counter(self, name: str) -> int:
         rows = self._fetch(Q["counter_get"], {"name": name})
         return int(rows[0][0]) if rows else 0
+
+    # -- counter holds --------------------------------------------------------------------------
+
+    def hold_counter(self, name: str, token: str, units: int, high: int, ttl: float) -> int:
+        params = {"name": name, "token": token, "units": units, "high": high, "ttl": float(ttl)}
+        ((added, value),) = self._fetch(Q["hold_counter"], params)
+        if not added:
+            raise LimitReached(name, value, units, None, high)
+        return int(value)
+
+    def extend_hold(self, name: str, token: str, ttl: float) -> bool:
+        params = {"name": name, "token": token, "ttl": float(ttl)}
+        return self._write(Q["hold_extend"], params) == 1
+
+    def release_hold(self, name: str, token: str) -> bool:
+        params = {"name": name, "token": token, "commit": False}
+        return bool((self._fetch(Q["hold_end"], params))[0][0])
+
+    def commit_hold(self, name: str, token: str) -> bool:
+        params = {"name": name, "token": token, "commit": True}
+        return bool((self._fetch(Q["hold_end"], params))[0][0])
 
     # -- lock sets ------------------------------------------------------------------------------
 

@@ -55,6 +55,10 @@ on one Redis Cluster shard and every script is given all the keys it touches:
                             that field's JSON, ``_v`` version, ``_f`` highest fence seen, ``_u``
                             time of the last write (see ``_state.lua``)
 ``p:ctr:{c}``               string: bounded counter ``c`` (its own hash tag)
+``p:ctr:{c}:h``             hash: token -> units of each hold on counter ``c`` (same hash tag),
+                            or a tombstone once it ended, until its expiry (see ``_state.lua``)
+``p:ctr:{c}:x``             zset by expires_at: the tokens of ``:h`` (a counter's scripts give
+                            back the expired first, reading only those)
 ``{p:locks}:owner``         hash: lock name -> owner, until released or swept (every lock key
                             shares the hash tag ``{p:locks}``: all locks live on one shard, so a
                             lock set of any names is one script; the suffixes are not one
@@ -101,6 +105,7 @@ __all__ = [
     "Script",
     "claim_terms",
     "counter_key",
+    "counter_keys",
     "enqueued_from",
     "jobs_from",
     "key_hash",
@@ -138,6 +143,11 @@ NAMES = (
     "key_get",
     "record_write",
     "counter_add",
+    "counter_get",
+    "hold_take",
+    "hold_extend",
+    "hold_release",
+    "hold_commit",
     "locks_acquire",
     "locks_extend",
     "locks_release",
@@ -449,6 +459,13 @@ def record_hash(prefix: str, key: str) -> str:
 def counter_key(prefix: str, name: str) -> str:
     """The string of counter ``name`` under ``prefix`` (the name is its own hash tag)."""
     return f"{prefix}:ctr:{{{name}}}"
+
+
+def counter_keys(prefix: str, name: str) -> tuple[str, str, str]:
+    """Counter ``name``, its holds and their expiry, all with the hash tag ``{name}``, in the
+    order the counter scripts list them."""
+    counter = counter_key(prefix, name)
+    return counter, f"{counter}:h", f"{counter}:x"
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,6 +8,15 @@
 --   _f        the highest fencing token a write has shown (absent or never fenced: 0)
 --   _u        the time of the last write (a fmt() string)
 --
+-- A bounded counter is the string <prefix>:ctr:{<name>} (its own hash tag); its holds live beside
+-- it under the same tag, so a script that touches the counter and its holds stays on one shard:
+--   <prefix>:ctr:{<name>}:h   hash: token -> the hold's units while it lives; 'c' or 'r' once it
+--                             was committed or released (a tombstone, kept until the hold's
+--                             expiry, so a resent commit or release recognises its own work)
+--   <prefix>:ctr:{<name>}:x   zset: token -> expires_at, exactly the tokens of :h
+-- A hold's units are in the counter's value while it lives. Every script that reads or changes
+-- the value first gives back the units of the holds that ran out (counter_sweep).
+--
 -- Every lock shares the hash tag {<prefix>:locks}, so that a set of any names is one script on
 -- one shard (all the locks of a store live on one shard of a cluster):
 --   :owner    hash: name -> owner, from acquisition until release or sweep (an expired lock
@@ -57,4 +66,19 @@ local function lock_read(owners, expiry, names, now)
     end
   end
   return held, expires
+end
+
+-- @helper counter_sweep: batched
+-- The counter's value after deleting its holds that ran out by now (expires_at <= now) and
+-- taking their units out of it (a tombstone has none). The cost is proportional to the expired
+-- holds: live ones are never read.
+local function counter_sweep(counter, holds, expiry, now)
+  local gone = redis.call('ZRANGEBYSCORE', expiry, '-inf', now)
+  if #gone == 0 then return tonumber(redis.call('GET', counter)) or 0 end
+  local units, back = batched('HMGET', holds, gone), 0
+  for i = 1, #gone do back = back + (tonumber(units[i]) or 0) end
+  batched('HDEL', holds, gone)
+  batched('ZREM', expiry, gone)
+  if back == 0 then return tonumber(redis.call('GET', counter)) or 0 end
+  return redis.call('DECRBY', counter, back)
 end

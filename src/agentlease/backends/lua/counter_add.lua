@@ -2,12 +2,14 @@
 -- counter_add: add delta to a bounded counter (absent: 0), in one atomic step, unless the new
 -- value would be below low or above high.
 --
--- helpers:
--- KEYS: 1 the counter
+-- The units of the counter's holds that ran out are given back first, in the same step.
+--
+-- helpers: clock counter_sweep
+-- KEYS: 1 the counter, 2 its holds, 3 their expiry
 -- ARGV: 1 delta, 2 low ('' for none), 3 high ('' for none)
--- Returns: {'ok', the new value}; {'limit', the current value} (nothing changed).
+-- Returns: {'ok', the new value}; {'limit', the current value} (nothing else changed).
 local counter = KEYS[1]
-local value = tonumber(redis.call('GET', counter)) or 0
+local value = counter_sweep(counter, KEYS[2], KEYS[3], clock())
 local new = value + tonumber(ARGV[1])
 local low, high = tonumber(ARGV[2]), tonumber(ARGV[3])
 if (low and new < low) or (high and new > high) then return {'limit', value} end

@@ -19,9 +19,10 @@
 -- and the key not past its window (purge_at), with no expiry check: the token, not the clock,
 -- decides, so a holder whose in-flight lease ran out still writes until another takes it over.
 --
--- Shared-state guards (record_*, counter_*, locks_*): each guarded write is one call of a
--- function of postgres_migrations/0003_state.sql that locks the rows it decides on; a lock is
--- held while it has an owner and expires_at > clock_timestamp().
+-- Shared-state guards (record_*, counter_*, hold_*, locks_*): each guarded write is one call of a
+-- function of postgres_migrations/0003_state.sql (0005_holds.sql for counters and their holds)
+-- that locks the rows it decides on; a lock or a hold is live while expires_at >
+-- clock_timestamp().
 
 -- name: now
 SELECT extract(epoch FROM clock_timestamp())::float8;
@@ -323,7 +324,26 @@ SELECT added, value
 FROM agentlease_add_counter(%(name)s::text, %(delta)s::bigint, %(low)s::bigint, %(high)s::bigint);
 
 -- name: counter_get
-SELECT value FROM agentlease_counters WHERE name = %(name)s;
+-- The value as a sweep would leave it: without the units of the counter's holds that ran out
+-- (one statement, one snapshot).
+SELECT c.value - coalesce((SELECT sum(h.units) FROM agentlease_counter_holds h
+                           WHERE h.name = c.name AND h.expires_at <= clock_timestamp()), 0)::bigint
+FROM agentlease_counters c WHERE c.name = %(name)s;
+
+-- name: hold_counter
+SELECT added, value
+FROM agentlease_hold_counter(
+    %(name)s::text, %(token)s::text, %(units)s::bigint, %(high)s::bigint, %(ttl)s::float8
+);
+
+-- name: hold_extend
+-- Renew a live hold (postgres_migrations/0005_holds.sql): one UPDATE of its row only.
+UPDATE agentlease_counter_holds
+SET expires_at = clock_timestamp() + make_interval(secs => %(ttl)s::float8)
+WHERE name = %(name)s AND token = %(token)s AND expires_at > clock_timestamp();
+
+-- name: hold_end
+SELECT agentlease_end_hold(%(name)s::text, %(token)s::text, %(commit)s::boolean);
 
 -- name: locks_acquire
 SELECT name, fence, holder, retry_after

@@ -5,7 +5,7 @@
 -- writes are fenced by "token = :token AND state = 'in_flight'" (and the key not past its
 -- window): the token, not the clock, decides, so a late holder nobody took over still writes.
 --
--- Shared-state guards (record_*, counter_*, locks_*): names of a lock set travel as one JSON
+-- Shared-state guards (record_*, counter_*, hold_*, locks_*): names of a lock set travel as one JSON
 -- array (:names) read with json_each. A lock is held while it has an owner and
 -- expires_at > :now, so an expired lock is free whether or not a sweep has cleared it.
 --
@@ -108,6 +108,19 @@ CREATE TABLE IF NOT EXISTS agentlease_counters (
     name  TEXT PRIMARY KEY,
     value INTEGER NOT NULL
 ) WITHOUT ROWID;
+-- A counter hold (schema version 5): units of a counter held by a token until expires_at. Its
+-- units are in the counter's value while it lives, and every step that touches the counter first
+-- deletes its expired holds and takes their units back out (counter_sweep), so the index is by
+-- counter, then expiry.
+CREATE TABLE IF NOT EXISTS agentlease_counter_holds (
+    name       TEXT NOT NULL,
+    token      TEXT NOT NULL,
+    units      INTEGER NOT NULL,
+    expires_at REAL NOT NULL,
+    PRIMARY KEY (name, token)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS agentlease_counter_holds_expiry
+    ON agentlease_counter_holds (name, expires_at);
 -- A lock row is never deleted, so its fence only rises: a free lock has no owner and no expiry.
 -- The partial index on expires_at lets a sweep visit held locks by expiry, and never free ones.
 CREATE TABLE IF NOT EXISTS agentlease_locks (
@@ -396,7 +409,33 @@ INSERT INTO agentlease_counters (name, value) VALUES (:name, :value)
 ON CONFLICT (name) DO UPDATE SET value = excluded.value;
 
 -- name: counter_get
+-- The value as a sweep would leave it: without the units of the counter's expired holds.
+SELECT value - (SELECT coalesce(sum(units), 0) FROM agentlease_counter_holds
+                WHERE name = :name AND expires_at <= :now)
+FROM agentlease_counters WHERE name = :name;
+
+-- name: counter_read
 SELECT value FROM agentlease_counters WHERE name = :name;
+
+-- name: counter_sweep
+-- The counter's expired holds, deleted; the caller takes their units out of the counter.
+DELETE FROM agentlease_counter_holds WHERE name = :name AND expires_at <= :now
+RETURNING units;
+
+-- name: hold_units
+SELECT units FROM agentlease_counter_holds WHERE name = :name AND token = :token;
+
+-- name: hold_insert
+INSERT INTO agentlease_counter_holds (name, token, units, expires_at)
+VALUES (:name, :token, :units, :expires_at);
+
+-- name: hold_extend
+UPDATE agentlease_counter_holds SET expires_at = :expires_at
+WHERE name = :name AND token = :token AND expires_at > :now;
+
+-- name: hold_end
+DELETE FROM agentlease_counter_holds WHERE name = :name AND token = :token
+RETURNING units;
 
 -- name: locks_busy
 -- The locks of the set held by another owner with a live lease.
