@@ -91,6 +91,8 @@ def test_commit_keeps_the_units_taken_and_release_gives_them_back(
         held.commit()
         held.check()  # a committed hold is not lost
         assert state.counter(seats) == 2
+    with pytest.raises(InvalidInput), held:
+        pass  # a hold is entered once
     assert state.counter(seats) == 2, "committed: the units stay taken, as reserve leaves them"
     with state.hold(seats, 4, limit=10, ttl=30) as held:
         held.release()

@@ -27,7 +27,7 @@ import time
 from types import TracebackType
 from typing import TYPE_CHECKING, Literal
 
-from agentlease.errors import HoldLost
+from agentlease.errors import HoldLost, InvalidInput
 
 if TYPE_CHECKING:
     from agentlease._renewal import Renewing
@@ -138,6 +138,8 @@ class AsyncCounterHold:
             raise self._lost("it ran out before the release")
 
     async def __aenter__(self) -> AsyncCounterHold:
+        if self.value is not None:
+            raise InvalidInput(f"the hold on counter {self.name!r} was entered already")
         sent = time.monotonic()
         backend = self._state.backend
         self.value = await backend.hold_counter(

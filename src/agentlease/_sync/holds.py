@@ -29,7 +29,7 @@ import time
 from types import TracebackType
 from typing import TYPE_CHECKING, Literal
 
-from agentlease.errors import HoldLost
+from agentlease.errors import HoldLost, InvalidInput
 
 if TYPE_CHECKING:
     from agentlease._renewal import Renewing
@@ -140,6 +140,8 @@ class CounterHold:
             raise self._lost("it ran out before the release")
 
     def __enter__(self) -> CounterHold:
+        if self.value is not None:
+            raise InvalidInput(f"the hold on counter {self.name!r} was entered already")
         sent = time.monotonic()
         backend = self._state.backend
         self.value = backend.hold_counter(
