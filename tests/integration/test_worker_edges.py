@@ -425,3 +425,24 @@ def test_a_second_signal_ends_the_process_within_a_second(sqlite_url: str, tmp_p
     assert "Traceback" not in err
     assert queue.get("t").state == "leased"
     queue.close()
+
+
+def test_a_cli_worker_waits_for_a_store_that_is_not_up_yet(tmp_path: Path) -> None:
+    """A worker may start before its database: it waits (saying so) instead of exiting; with
+    --burst it gives up after a lease, with status 2."""
+    port = free_port()
+    url = f"postgresql://root:hunter2@127.0.0.1:{port}/test?connect_timeout=0.5"
+    started = time.monotonic()
+    args = ["worker", "json:dumps", "--backend", url, "-q", "q", "--burst", "--lease-for", "3"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "agentlease", *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    took = time.monotonic() - started
+    assert proc.returncode == 2, proc.stderr
+    assert took >= 3.0, "gave up before a lease had passed"
+    assert "store unreachable" in proc.stderr
+    assert "hunter2" not in proc.stderr

@@ -5,7 +5,9 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import random
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -16,10 +18,10 @@ from agentlease._policy.retry import RetryPolicy
 from agentlease._settings import QueueSettings
 from agentlease._sync.queue import Queue
 from agentlease._worker import Handler, Worker, WorkerSettings
-from agentlease.backends import connect
+from agentlease.backends import Backend, connect
 from agentlease.cli._app import backend_option, cli, err_console
 from agentlease.cli.admin import reports_errors
-from agentlease.errors import WorkerError
+from agentlease.errors import BackendUnavailable, WorkerError
 
 __all__ = ["load_handler"]
 
@@ -78,6 +80,27 @@ def _logging(verbose: bool) -> Iterator[None]:
         ours.setLevel(saved[1])
 
 
+def _connect_patiently(url: str, *, give_up_after: float | None) -> Backend:
+    """Open the store, waiting for it while it is unreachable (a worker may start before its
+    database): a warning now and then, jittered backoff, and with ``give_up_after`` the last
+    error once that many seconds have passed. A refusal (bad password, ...) is raised at once."""
+    started = time.monotonic()
+    logged_at: float | None = None
+    delay = 0.1
+    while True:
+        try:
+            return connect(url)
+        except BackendUnavailable as exc:
+            now = time.monotonic()
+            if give_up_after is not None and now - started >= give_up_after:
+                raise
+            if logged_at is None or now - logged_at >= 30.0:
+                logged_at = now
+                log.warning("store unreachable (%.1fs): %s; retrying", now - started, exc)
+            time.sleep(random.uniform(0.0, delay))
+            delay = min(5.0, delay * 2)
+
+
 @cli.command()
 @click.argument("handler_spec", metavar="MODULE:FUNCTION")
 @backend_option
@@ -133,7 +156,9 @@ def worker(
         poll_interval=poll_interval,
         shutdown_grace=grace,
     )
-    queue = Queue(connect(url), settings=QueueSettings(lease_for=lease_for))
+    with _logging(verbose):
+        backend = _connect_patiently(url, give_up_after=lease_for if burst else None)
+    queue = Queue(backend, settings=QueueSettings(lease_for=lease_for))
     try:
         runner = Worker(queue, queue_name, handler, settings=settings)
         with _logging(verbose):
