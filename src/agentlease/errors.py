@@ -221,13 +221,23 @@ class ReservationLost(IdempotencyError):
     """A write with a stale reservation: the key was taken over, finished or purged.
 
     Nothing was written. ``fence`` is the caller's fencing number and ``current_fence`` the key's
-    fencing number in the store now (``None`` if the key is gone), ``state`` its state.
+    fencing number in the store now (``None`` if the key is gone or was not read), ``state`` its
+    state. Also raised, with ``current_fence`` and ``state`` ``None``, when the holder's local
+    deadline passed (no renewal confirmed within ``hold_for``, a store outage): the holder must
+    act as if the key were taken over, whatever the store says later.
     """
 
-    def __init__(self, key: str, fence: int, current_fence: int | None, state: str | None) -> None:
+    def __init__(
+        self,
+        key: str,
+        fence: int,
+        current_fence: int | None,
+        state: str | None,
+        detail: str = "",
+    ) -> None:
+        why = detail or f"store has fence {current_fence} in state {state}"
         super().__init__(
-            f"reservation of idempotency key {key[:16]}... lost: caller holds fence {fence},"
-            f" store has fence {current_fence} in state {state}",
+            f"reservation of idempotency key {key[:16]}... lost: caller holds fence {fence}, {why}",
             key,
         )
         self.fence = fence

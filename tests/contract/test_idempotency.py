@@ -11,6 +11,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
+from typing import Literal
 
 import pytest
 
@@ -23,8 +24,10 @@ from agentlease import (
     NotApplied,
     NotJSON,
     ReplayedFailure,
+    ReservationLost,
 )
 from agentlease._policy.keys import derive_key, fingerprint
+from tests._outage import Outage
 from tests.conftest import Store
 
 SHORT = 0.4  # an in-flight lease meant to run out
@@ -334,3 +337,138 @@ def test_a_worker_keys_actions_on_its_task(store: Store) -> None:
     finally:
         if store.kind != "memory":
             keys.close()
+
+
+# -- outages: the local deadline, and final writes retried -------------------------------------
+
+
+def test_a_reservation_is_lost_when_hold_for_passes_while_renewals_fail(store: Store) -> None:
+    outage = Outage(store.backend(), "extend_key")
+    keys = al.Idempotency(outage, settings=IdempotencySettings(hold_for=0.6))  # type: ignore[arg-type]
+    try:
+        act = keys.begin("charge", {"cents": 700}, step="pay", task_id="order-15")
+        act.check()
+        outage.down()  # renewals fail; another attempt may take the key over once it runs out
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            try:
+                act.check()
+            except ReservationLost:
+                break
+            time.sleep(0.02)
+        else:
+            pytest.fail("check() passed long after hold_for ran out unrenewed")
+        outage.up()  # the store answers again: too late, whatever it says
+        with pytest.raises(ReservationLost):
+            act.check()
+        with pytest.raises(ReservationLost):
+            act.complete({"charged": True})  # not recorded: someone else may be acting
+        record = keys.get(act.key)
+        assert record is not None
+        assert record.state == "in_flight"
+    finally:
+        if store.kind != "memory":
+            keys.close()
+
+
+@pytest.mark.parametrize("lose", ["request", "reply"])
+@pytest.mark.parametrize("outcome", ["complete", "fail", "release"])
+def test_a_short_outage_at_the_final_write_does_not_orphan_the_outcome(
+    store: Store, lose: Literal["request", "reply"], outcome: str
+) -> None:
+    outage = Outage(store.backend(), "complete_key", "fail_key", "release_key", lose=lose)
+    keys = al.Idempotency(outage, settings=IdempotencySettings(hold_for=10.0))  # type: ignore[arg-type]
+    ledger: list[int] = []
+
+    def act() -> str:
+        ledger.append(1)
+        outage.fail_next(2)  # the store is away for the outcome's first two tries
+        if outcome == "fail":
+            raise Declined("card declined")
+        if outcome == "release":
+            raise NotApplied("refused before sending")
+        return f"sent {len(ledger)}"
+
+    def call() -> al.Outcome[str]:
+        return keys.call(
+            act, tool="pay", args={"cents": 1}, step="s", task_id="order-16", fail_on=(Declined,)
+        )
+
+    try:
+        if outcome == "complete":
+            first = call()
+            assert (first.replayed, first.value) == (False, "sent 1")
+            again = call()
+            assert again.replayed
+            assert again.value == "sent 1"
+            assert keys.get(again.key).state == "done"  # type: ignore[union-attr]
+        elif outcome == "fail":
+            for _ in range(2):
+                with pytest.raises(Declined, match="card declined"):
+                    call()
+        else:
+            with pytest.raises(NotApplied):
+                call()
+            outage.up()
+            ledger_before = len(ledger)
+            with pytest.raises(NotApplied):  # released: the next call acts at once
+                call()
+            assert len(ledger) == ledger_before + 1
+        assert outage.failed
+        assert len(ledger) == (2 if outcome == "release" else 1)
+    finally:
+        if store.kind != "memory":
+            keys.close()
+
+
+def test_the_final_write_gives_up_at_the_local_deadline(store: Store) -> None:
+    outage = Outage(store.backend(), "complete_key")
+    keys = al.Idempotency(outage, settings=IdempotencySettings(hold_for=0.6))  # type: ignore[arg-type]
+    ledger: list[int] = []
+
+    def act() -> str:
+        ledger.append(1)
+        outage.down()
+        return "sent"
+
+    try:
+        with pytest.raises(ReservationLost) as info:
+            keys.call(act, tool="pay", args={}, step="s", task_id="order-17")
+        assert isinstance(info.value.__cause__, al.BackendUnavailable)
+        assert len(outage.failed) >= 2  # retried before giving up
+        outage.up()
+        record = keys.get(derive_key("order-17", "s", "pay", {}))
+        assert record is not None
+        assert record.state == "in_flight"
+    finally:
+        if store.kind != "memory":
+            keys.close()
+
+
+def test_the_async_final_write_is_retried_through_a_short_outage(store: Store) -> None:
+    async def main() -> None:
+        inner = store.backend().open_async() if store.kind == "memory" else None
+        outage = Outage(
+            inner if inner is not None else al.connect_async(store.url),
+            "complete_key",
+            lose="reply",
+        )
+        keys = al.AsyncIdempotency(outage, settings=IdempotencySettings(hold_for=10.0))  # type: ignore[arg-type]
+        ledger: list[int] = []
+
+        async def act() -> str:
+            ledger.append(1)
+            outage.fail_next(2)
+            return "sent"
+
+        try:
+            first = await keys.call(act, tool="pay", args={}, step="s", task_id="order-18")
+            again = await keys.call(act, tool="pay", args={}, step="s", task_id="order-18")
+            assert (first.replayed, again.replayed, again.value) == (False, True, "sent")
+            assert ledger == [1]
+            assert outage.failed
+        finally:
+            if inner is None:
+                await keys.close()
+
+    asyncio.run(main())

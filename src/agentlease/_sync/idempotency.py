@@ -15,7 +15,16 @@ An action (a tool call with a side effect) is named by its key (see
 2. run the action while the reservation is renewed every third of ``hold_for``;
 3. record the outcome, fenced by the token (one atomic step): ``complete`` with the JSON result, or
    ``fail`` with a permanent error (a ``fail_on`` type), or ``release`` when the error is known not
-   to have applied (a ``release_on`` type or :class:`NotApplied`).
+   to have applied (a ``release_on`` type or :class:`NotApplied`). A store that is unavailable
+   for a while does not orphan the outcome: the write is retried with jittered backoff until the
+   reservation's local deadline, and a retry refused as stale after an ambiguous first try reads
+   the key to tell whether that first try was applied.
+
+A reservation has a local deadline on the monotonic clock (the sending of its last confirmed
+reservation or renewal, plus ``hold_for``, less a small margin): once it passes unrenewed (a
+store outage), the holder has lost the key for good, whatever the store says later, and its
+writes raise :class:`~agentlease.errors.ReservationLost` (:meth:`Action.check` says so
+earlier).
 
 Any other error is **ambiguous**: the side effect may or may not have happened (a timeout
 mid-call). The reservation is then neither released nor failed: it stays in flight until its
@@ -41,7 +50,7 @@ from agentlease import _scope
 from agentlease._codec import JSON, encode
 from agentlease._outcomes import ErrorTypes, NotApplied, Outcome, error_json, rebuild
 from agentlease._policy.keys import check_key, fingerprint, key_and_fingerprint
-from agentlease._records import KeyHold, KeyRecord
+from agentlease._records import KeyHold, KeyRecord, KeyState
 from agentlease._renewal import Renewals, Renewing, sync_sleep
 from agentlease._settings import IdempotencySettings
 from agentlease.backends import Backend, connect
@@ -64,6 +73,16 @@ __all__ = ["Action", "Idempotency"]
 logger = logging.getLogger("agentlease.idempotency")
 T = TypeVar("T")
 _HOST = socket.gethostname()
+
+
+def _lapsed(hold: KeyHold) -> ReservationLost:
+    return ReservationLost(
+        hold.key,
+        hold.fence,
+        None,
+        None,
+        "no renewal was confirmed within hold_for: past its local deadline it may be taken over",
+    )
 
 
 class Action:
@@ -89,6 +108,7 @@ class Action:
         self._store = store
         self._renewal: Renewing | None = None
         self._settled = hold is None
+        self._deadline = 0.0  # the local deadline once renewals stop (time.monotonic)
 
     @property
     def replayed(self) -> bool:
@@ -115,25 +135,86 @@ class Action:
         if self.record is not None and self.record.state == "failed":
             raise rebuild(self.key, self.record.error, known)
 
-    def _start(self) -> None:
+    def check(self) -> None:
+        """Raise :class:`~agentlease.errors.ReservationLost` if the reservation is lost: a
+        renewal found it taken over, or none was confirmed within ``hold_for`` (the store was
+        unreachable), so another attempt may act. Once raised, it is raised for good. A
+        replay, or an action with a recorded outcome, passes."""
+        if self._renewal is not None:
+            self._store._renewals.check(self._renewal)
+
+    def _start(self, sent: float) -> None:
         assert self.hold is not None
-        self._renewal = self._store._renewals.open(self.hold, self._store.settings.hold_for / 3)
+        self._renewal = self._store._renewals.open(
+            self.hold, self._store.settings.hold_for, sent=sent
+        )
 
     def _stop(self) -> KeyHold:
+        """Stop renewing, for the final write: the latest hold, or raise ReservationLost."""
         assert self.hold is not None
         self._settled = True
         if self._renewal is not None:
             renewal, self._renewal = self._renewal, None
             self.hold = self._store._renewals.close(renewal)
+            self._deadline = renewal.deadline
         return self.hold
+
+    def _record(
+        self, write: Callable[[KeyHold], None], applied: KeyState | None
+    ) -> None:
+        """Send the final write, retrying while the store is unavailable, up to the local
+        deadline; a retry refused as stale may follow a first try that was applied but whose
+        reply was lost, and the key's record tells which (``applied``: the state that write
+        leaves, ``None`` for a release).
+
+        Raises:
+            ReservationLost: the key was taken over, or the store stayed unavailable until the
+                reservation's local deadline (the outcome is not recorded).
+        """
+        hold = self._stop()
+        delay, retried = 0.05, False
+        while True:
+            try:
+                write(hold)
+                return
+            except ReservationLost:
+                if retried and self._applied(hold, applied):
+                    return
+                raise
+            except BackendUnavailable as exc:
+                left = self._deadline - time.monotonic()
+                if left <= 0:
+                    raise _lapsed(hold) from exc
+                retried = True
+                sync_sleep(min(left, delay * self._store._rand.uniform(0.5, 1.0)))
+                delay = min(1.0, delay * 2)
+
+    def _applied(self, hold: KeyHold, state: KeyState | None) -> bool:
+        """Whether the store shows this reservation's own final write (``state``; ``None``:
+        its release)."""
+        try:
+            record = self._store.backend.get_key(hold.key)
+        except AgentLeaseError:
+            return False
+        if record is None:
+            return False
+        if state is None:  # released: no holder now, or already taken over by the next one
+            return record.fence > hold.fence or (
+                record.fence == hold.fence and record.state == "in_flight" and not record.holder
+            )
+        return record.fence == hold.fence and record.state == state
 
     def complete(self, result: JSON = None) -> None:
         """Record the result (fenced). A result that cannot be stored is recorded as a permanent
         failure instead (the side effect did happen) and its error raised.
 
+        While the store is unavailable the write is retried, with jittered backoff, until the
+        reservation's local deadline (``hold_for`` after the last confirmed renewal was sent).
+
         Raises:
             NotJSON, PayloadTooLarge: the result cannot be stored.
-            ReservationLost: the reservation was taken over; nothing was recorded.
+            ReservationLost: the reservation was taken over, or its local deadline passed (in
+                an outage); nothing was recorded.
         """
         if self._settled:
             raise InvalidInput(f"action {self.key[:16]}... already has an outcome")
@@ -143,24 +224,38 @@ class Action:
         except PayloadError as exc:
             self.fail(exc)
             raise
-        hold = self._stop()
-        self._store.backend.complete_key(hold, data, settings.window)
+
+        def write(hold: KeyHold) -> None:
+            self._store.backend.complete_key(hold, data, settings.window)
+
+        self._record(write, "done")
         self.result = result
 
     def fail(self, exc: BaseException) -> None:
-        """Record a permanent failure (fenced): every later call raises it again."""
+        """Record a permanent failure (fenced): every later call raises it again.
+
+        Raises:
+            ReservationLost: as :meth:`complete`.
+        """
         if self._settled:
             raise InvalidInput(f"action {self.key[:16]}... already has an outcome")
         error = error_json(exc)
-        hold = self._stop()
-        self._store.backend.fail_key(hold, error, self._store.settings.window)
+        window = self._store.settings.window
+
+        def write(hold: KeyHold) -> None:
+            self._store.backend.fail_key(hold, error, window)
+
+        self._record(write, "failed")
 
     def release(self) -> None:
-        """Give the reservation up: the side effect is known not to have happened."""
+        """Give the reservation up: the side effect is known not to have happened.
+
+        Raises:
+            ReservationLost: as :meth:`complete`.
+        """
         if self._settled:
             raise InvalidInput(f"action {self.key[:16]}... already has an outcome")
-        hold = self._stop()
-        self._store.backend.release_key(hold)
+        self._record(self._store.backend.release_key, None)
 
     def abandon(self) -> None:
         """Stop renewing and leave the reservation in flight (an ambiguous failure): it is taken
@@ -202,7 +297,7 @@ class Idempotency:
         self.settings = settings or IdempotencySettings()
         self._purged_at = time.monotonic()
         self._rand = random.Random()
-        self._renewals = Renewals(self._renew)
+        self._renewals = Renewals(self._renew, _lapsed)
 
     @classmethod
     def connect(cls, url: str, *, settings: IdempotencySettings | None = None) -> Idempotency:
@@ -319,14 +414,14 @@ class Idempotency:
                 confirmed = self._confirm(got, sent)
                 if confirmed is None:
                     continue  # it ran out before its reply came, and was taken over: look again
-                got = confirmed
+                got, sent = confirmed
                 if got.taken_over:
                     logger.warning(
                         "idempotency key %s... taken over (fence %d)", key[:16], got.fence
                     )
                 self._maybe_purge()
                 action = Action(self, key, fp, hold=got)
-                action._start()
+                action._start(sent)
                 return action
             if got.fingerprint != fp:
                 raise IdempotencyConflict(key, got.fingerprint, fp)
@@ -340,8 +435,9 @@ class Idempotency:
             sync_sleep(min(left, retry_after + 0.001, self._rand.uniform(0, pause)))
             pause = min(pause * 2, 1.0)
 
-    def _confirm(self, hold: KeyHold, sent: float) -> KeyHold | None:
-        """``hold`` if it is surely still held, else ``None``.
+    def _confirm(self, hold: KeyHold, sent: float) -> tuple[KeyHold, float] | None:
+        """``hold`` (and when its latest confirming request was sent) if it is surely still
+        held, else ``None``.
 
         A reservation whose reply took longer than a third of ``hold_for`` may have run out
         before the reply arrived, and another attempt may have taken it over and be acting. So
@@ -354,7 +450,7 @@ class Idempotency:
         hold_for = self.settings.hold_for
         for attempt in range(4):
             if time.monotonic() - sent <= hold_for / 3:
-                return hold
+                return hold, sent
             if attempt == 3:
                 break
             sent = time.monotonic()
