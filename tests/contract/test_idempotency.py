@@ -10,7 +10,7 @@ import asyncio
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Literal
 
 import pytest
@@ -26,7 +26,8 @@ from agentlease import (
     ReplayedFailure,
     ReservationLost,
 )
-from agentlease._policy.keys import derive_key, fingerprint
+from agentlease._policy.keys import derive_key, fingerprint, legacy_fingerprint
+from agentlease._records import KeyHold
 from tests._outage import Outage
 from tests.conftest import Store
 
@@ -212,8 +213,8 @@ def test_the_same_key_with_other_arguments_is_a_conflict(keys: al.Idempotency) -
     assert act({"cents": 100.0, "order": 1}).replayed  # the same arguments, spelled differently
     with pytest.raises(IdempotencyConflict) as info:
         act({"order": 1, "cents": 999})
-    assert info.value.stored_fingerprint == fingerprint({"order": 1, "cents": 100})
-    assert info.value.given_fingerprint == fingerprint({"order": 1, "cents": 999})
+    assert info.value.stored_fingerprint == fingerprint({"order": 1, "cents": 100}, "refund")
+    assert info.value.given_fingerprint == fingerprint({"order": 1, "cents": 999}, "refund")
     assert ledger == [{"order": 1, "cents": 100}]
 
 
@@ -334,6 +335,67 @@ def test_a_worker_keys_actions_on_its_task(store: Store) -> None:
         assert task.result == ["ana", "ana"]
         key = derive_key(enq.task_id, "n", "notify", {"user": "ana"})
         assert ledger == Counter({key: 1})
+    finally:
+        if store.kind != "memory":
+            keys.close()
+
+
+# -- an upstream key reused for another action -----------------------------------------------
+
+
+def test_an_upstream_key_reused_for_another_tool_is_a_conflict_naming_both(
+    keys: al.Idempotency,
+) -> None:
+    ledger: list[str] = []
+    upstream = "req-2b81e0"
+    args = {"order": 11, "cents": 500}
+
+    def run(tool: str) -> Callable[[], str]:
+        def side_effect() -> str:
+            ledger.append(tool)
+            return f"{tool} done"
+
+        return side_effect
+
+    assert keys.call(run("refund"), tool="refund", args=args, key=upstream).value == "refund done"
+    with pytest.raises(IdempotencyConflict) as info:
+        keys.call(run("send_email"), tool="send_email", args=args, key=upstream)
+    assert info.value.stored_tool == "refund"
+    assert info.value.given_tool == "send_email"
+    assert "'refund'" in str(info.value)
+    assert "'send_email'" in str(info.value)
+    with pytest.raises(IdempotencyConflict):  # another step of the same tool
+        keys.call(run("refund"), tool="refund", args=args, key=upstream, step="again")
+    assert keys.call(run("refund"), tool="refund", args=args, key=upstream).replayed
+    assert ledger == ["refund"]
+
+
+def test_outcomes_stored_before_fingerprints_covered_the_tool(store: Store) -> None:
+    """A version 1 fingerprint (arguments only): a derived key, which covers the tool itself,
+    still replays; a caller's own key cannot tell the tool, so it is a conflict."""
+    keys = keys_with(store)
+    backend = keys.backend
+    args = {"to": "ana@example.com"}
+    derived = derive_key("order-12", "welcome", "send_email", args)
+    try:
+        for key in (derived, "upstream-legacy-1"):
+            hold = backend.reserve_key(key, legacy_fingerprint(args), "old", 30.0, 3600.0)
+            assert isinstance(hold, KeyHold)
+            backend.complete_key(hold, b'{"id":"m-old"}', 3600.0)
+        ran: list[int] = []
+
+        def send() -> str:
+            ran.append(1)
+            return "new"
+
+        out = keys.call(send, tool="send_email", args=args, step="welcome", task_id="order-12")
+        assert out.replayed
+        assert out.value == {"id": "m-old"}
+        with pytest.raises(IdempotencyConflict) as info:
+            keys.call(send, tool="send_email", args=args, key="upstream-legacy-1")
+        assert info.value.stored_tool is None
+        assert info.value.given_tool == "send_email"
+        assert ran == []
     finally:
         if store.kind != "memory":
             keys.close()

@@ -47,7 +47,13 @@ from typing import TYPE_CHECKING, TypeVar
 from agentlease import _scope
 from agentlease._codec import JSON, encode
 from agentlease._outcomes import ErrorTypes, NotApplied, Outcome, error_json, rebuild
-from agentlease._policy.keys import check_key, fingerprint, key_and_fingerprint
+from agentlease._policy.keys import (
+    check_key,
+    fingerprint,
+    fingerprint_names,
+    key_and_fingerprint,
+    legacy_fingerprint,
+)
 from agentlease._records import KeyHold, KeyRecord, KeyState
 from agentlease._renewal import AsyncRenewals, Renewing, async_sleep
 from agentlease._settings import IdempotencySettings
@@ -331,17 +337,19 @@ class AsyncIdempotency:
 
         The task and step come from the arguments, else from the current scope (a worker's job,
         :func:`agentlease.idempotency_scope`). A ``key`` given by the caller (an upstream
-        ``Idempotency-Key``) is used as it is, and the arguments only fingerprinted.
+        ``Idempotency-Key``) is used as it is; the fingerprint covers the tool, the step (if
+        one is known) and the arguments, so the same key given to another tool or step is a
+        conflict.
 
         Raises:
             MissingIdentity: no task or step id is known.
             NotJSON: the arguments are not plain JSON.
         """
-        if key is not None:
-            return check_key(key), fingerprint(args)
         scope = _scope.current_scope()
-        task = task_id if task_id is not None else scope.task_id
         step_id = step if step is not None else scope.step
+        if key is not None:
+            return check_key(key), fingerprint(args, tool, step_id)
+        task = task_id if task_id is not None else scope.task_id
         if task is None:
             raise MissingIdentity(
                 f"idempotent tool {tool!r} runs outside a worker's task and no task id was given:"
@@ -395,6 +403,7 @@ class AsyncIdempotency:
             IdempotencyConflict: the key was used with other arguments.
             MissingIdentity, NotJSON: the action cannot be keyed.
         """
+        derived = key is None
         key, fp = self.identity(tool, args, step=step, task_id=task_id, key=key)
         settings = self.settings
         holder = self._holder()
@@ -422,7 +431,18 @@ class AsyncIdempotency:
                 action._start(sent)
                 return action
             if got.fingerprint != fp:
-                raise IdempotencyConflict(key, got.fingerprint, fp)
+                if derived and got.fingerprint == legacy_fingerprint(args):
+                    # Stored before fingerprints covered the tool; a derived key covers it.
+                    fp = got.fingerprint
+                    continue
+                names = fingerprint_names(got.fingerprint)
+                raise IdempotencyConflict(
+                    key,
+                    got.fingerprint,
+                    fp,
+                    stored_tool=None if names is None else names[0],
+                    given_tool=tool,
+                )
             if got.state != "in_flight":
                 logger.debug("idempotency key %s... replayed (%s)", key[:16], got.state)
                 return AsyncAction(self, key, fp, record=got)
