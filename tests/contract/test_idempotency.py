@@ -401,6 +401,63 @@ def test_outcomes_stored_before_fingerprints_covered_the_tool(store: Store) -> N
             keys.close()
 
 
+# -- begin() as a context manager -------------------------------------------------------------
+
+
+def test_begin_sets_the_key_and_fence_inside_its_block(keys: al.Idempotency) -> None:
+    seen: list[tuple[str, int]] = []
+    with al.idempotency_scope(task_id="order-13", step="notify"):
+        with keys.begin("notify", {"user": "ana"}) as act:
+            assert not act.replayed
+            seen.append((al.current_key(), al.current_fence()))
+            act.complete({"sent": True})
+        with pytest.raises(MissingIdentity):
+            al.current_key()
+        with keys.begin("notify", {"user": "ana"}) as again:
+            assert again.replayed
+            assert again.result == {"sent": True}
+        # An error escaping the block leaves the reservation in flight, as in call().
+        with pytest.raises(TimeoutError), keys.begin("notify", {"user": "bob"}) as act2:  # noqa: PT012
+            seen.append((al.current_key(), al.current_fence()))
+            raise TimeoutError("the mail server did not answer")
+        with pytest.raises(DuplicateInFlight):
+            keys.begin("notify", {"user": "bob"})
+        # NotApplied releases it: the next attempt acts at once.
+        with pytest.raises(NotApplied), keys.begin("notify", {"user": "cy"}):
+            raise NotApplied("refused before sending")
+        with keys.begin("notify", {"user": "cy"}) as act3:
+            assert not act3.replayed
+            assert act3.fence == 2
+            act3.complete(None)
+    assert seen == [(act.key, act.fence), (act2.key, act2.fence)]
+
+
+def test_the_async_begin_sets_the_key_and_fence_inside_its_block(store: Store) -> None:
+    async def main() -> None:
+        backend = store.backend().open_async() if store.kind == "memory" else None
+        keys = (
+            al.AsyncIdempotency(backend)
+            if backend is not None
+            else al.AsyncIdempotency.connect(store.url)
+        )
+        try:
+            async with await keys.begin(
+                "notify", {"user": "ana"}, step="n", task_id="order-14"
+            ) as act:
+                assert (al.current_key(), al.current_fence()) == (act.key, act.fence)
+                await act.complete("sent")
+            with pytest.raises(MissingIdentity):
+                al.current_fence()
+            again = await keys.begin("notify", {"user": "ana"}, step="n", task_id="order-14")
+            assert again.replayed
+            assert again.result == "sent"
+        finally:
+            if backend is None:
+                await keys.close()
+
+    asyncio.run(main())
+
+
 # -- outages: the local deadline, and final writes retried -------------------------------------
 
 

@@ -71,6 +71,8 @@ from agentlease.errors import (
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
+    from contextvars import Token
+    from types import TracebackType
 
 __all__ = ["AsyncAction", "AsyncIdempotency"]
 
@@ -93,6 +95,9 @@ class AsyncAction:
     """One reservation of one key, or the replay of its stored outcome.
 
     Use :meth:`AsyncIdempotency.action` or the ``@idempotent`` decorator rather than building one.
+    One returned by :meth:`AsyncIdempotency.begin` is also a context manager (``async with``)
+    that sets :func:`agentlease.current_key` and :func:`agentlease.current_fence` inside its
+    block (a replay sets neither: nothing is to run).
     """
 
     def __init__(
@@ -113,6 +118,7 @@ class AsyncAction:
         self._renewal: Renewing | None = None
         self._settled = hold is None
         self._deadline = 0.0  # the local deadline once renewals stop (time.monotonic)
+        self._scope_token: Token[tuple[str, int] | None] | None = None
 
     @property
     def replayed(self) -> bool:
@@ -270,6 +276,32 @@ class AsyncAction:
             with contextlib.suppress(ReservationLost):
                 await self._store._renewals.close(renewal)
 
+    async def __aenter__(self) -> AsyncAction:
+        if not self.replayed and self._scope_token is None:
+            self._scope_token = _scope.set_key(self.key, self.fence)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        token, self._scope_token = self._scope_token, None
+        if token is not None:
+            _scope.reset_key(token)
+        if self._settled:
+            return
+        if exc is not None:
+            await self._settle_error(exc, (), ())
+            return
+        await self.abandon()
+        logger.warning(
+            "idempotent action %s... ended its block with no outcome recorded: left in flight"
+            " until its lease runs out",
+            self.key[:16],
+        )
+
     async def _settle_error(
         self, exc: BaseException, fail_on: ErrorTypes, release_on: ErrorTypes
     ) -> None:
@@ -387,6 +419,13 @@ class AsyncIdempotency:
 
         A reservation is renewed until its outcome is recorded (:meth:`AsyncAction.complete`,
         ``fail``, ``release``) or it is abandoned; :meth:`call` and :meth:`action` do that.
+        Used as a context manager (``async with await keys.begin(...) as act:``), the
+        action sets :func:`agentlease.current_key` and :func:`agentlease.current_fence` inside
+        the block, as :meth:`action` does; record the outcome inside it. An error that escapes
+        the block is handled as in :meth:`call` with no ``fail_on`` or ``release_on`` (released
+        for :class:`NotApplied`, else left in flight), and a block that ends with no outcome
+        leaves the reservation in flight. A caller that does not use it as one gets neither
+        set: pass :attr:`AsyncAction.key` (and :attr:`AsyncAction.fence`) downstream yourself.
 
         Args:
             tool: the tool's name.

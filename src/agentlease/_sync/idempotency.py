@@ -73,6 +73,8 @@ from agentlease.errors import (
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
+    from contextvars import Token
+    from types import TracebackType
 
 __all__ = ["Action", "Idempotency"]
 
@@ -95,6 +97,9 @@ class Action:
     """One reservation of one key, or the replay of its stored outcome.
 
     Use :meth:`Idempotency.action` or the ``@idempotent`` decorator rather than building one.
+    One returned by :meth:`Idempotency.begin` is also a context manager (``with``)
+    that sets :func:`agentlease.current_key` and :func:`agentlease.current_fence` inside its
+    block (a replay sets neither: nothing is to run).
     """
 
     def __init__(
@@ -115,6 +120,7 @@ class Action:
         self._renewal: Renewing | None = None
         self._settled = hold is None
         self._deadline = 0.0  # the local deadline once renewals stop (time.monotonic)
+        self._scope_token: Token[tuple[str, int] | None] | None = None
 
     @property
     def replayed(self) -> bool:
@@ -272,6 +278,32 @@ class Action:
             with contextlib.suppress(ReservationLost):
                 self._store._renewals.close(renewal)
 
+    def __enter__(self) -> Action:
+        if not self.replayed and self._scope_token is None:
+            self._scope_token = _scope.set_key(self.key, self.fence)
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        token, self._scope_token = self._scope_token, None
+        if token is not None:
+            _scope.reset_key(token)
+        if self._settled:
+            return
+        if exc is not None:
+            self._settle_error(exc, (), ())
+            return
+        self.abandon()
+        logger.warning(
+            "idempotent action %s... ended its block with no outcome recorded: left in flight"
+            " until its lease runs out",
+            self.key[:16],
+        )
+
     def _settle_error(
         self, exc: BaseException, fail_on: ErrorTypes, release_on: ErrorTypes
     ) -> None:
@@ -389,6 +421,13 @@ class Idempotency:
 
         A reservation is renewed until its outcome is recorded (:meth:`Action.complete`,
         ``fail``, ``release``) or it is abandoned; :meth:`call` and :meth:`action` do that.
+        Used as a context manager (``with keys.begin(...) as act:``), the
+        action sets :func:`agentlease.current_key` and :func:`agentlease.current_fence` inside
+        the block, as :meth:`action` does; record the outcome inside it. An error that escapes
+        the block is handled as in :meth:`call` with no ``fail_on`` or ``release_on`` (released
+        for :class:`NotApplied`, else left in flight), and a block that ends with no outcome
+        leaves the reservation in flight. A caller that does not use it as one gets neither
+        set: pass :attr:`Action.key` (and :attr:`Action.fence`) downstream yourself.
 
         Args:
             tool: the tool's name.
