@@ -76,6 +76,12 @@ def drop_redis_prefix(url: str, prefix: str) -> None:
             for key in keys:
                 client.delete(key)
     finally:
+        if isinstance(client, RedisCluster):
+            # RedisCluster.close() hands node connections back to their pools without closing
+            # them: close the sockets now, not at some later garbage collection (a warning).
+            for node in client.get_nodes():
+                if node.redis_connection is not None:
+                    node.redis_connection.connection_pool.disconnect()
         client.close()
 
 

@@ -207,29 +207,61 @@ class DuplicateInFlight(IdempotencyError):
 
 
 class IdempotencyConflict(IdempotencyError):
-    """The key was first used with other arguments (a re-planned step): neither runs again."""
+    """The key was first used by another action: other arguments (a re-planned step), or another
+    tool or step (an upstream key reused); neither runs again.
 
-    def __init__(self, key: str, stored_fingerprint: str, given_fingerprint: str) -> None:
+    ``stored_fingerprint`` and ``given_fingerprint`` are the two actions' fingerprints,
+    ``stored_tool`` and ``given_tool`` their tools (``stored_tool`` is ``None`` when the stored
+    fingerprint does not name one: it was recorded before fingerprints covered the tool).
+    """
+
+    def __init__(
+        self,
+        key: str,
+        stored_fingerprint: str,
+        given_fingerprint: str,
+        *,
+        stored_tool: str | None = None,
+        given_tool: str | None = None,
+    ) -> None:
+        def action(tool: str | None, fp: str) -> str:
+            digest = fp.split(":")[1] if fp.count(":") >= 2 else fp
+            named = "an unnamed tool" if tool is None else f"tool {tool!r}"
+            return f"{named} with fingerprint {digest[:16]}..."
+
         super().__init__(
-            f"idempotency key {key[:16]}... was used with arguments {stored_fingerprint[:16]}..."
-            f" and is now given arguments {given_fingerprint[:16]}...",
+            f"idempotency key {key[:16]}... was used by"
+            f" {action(stored_tool, stored_fingerprint)} and is now given to"
+            f" {action(given_tool, given_fingerprint)}",
             key,
         )
         self.stored_fingerprint = stored_fingerprint
         self.given_fingerprint = given_fingerprint
+        self.stored_tool = stored_tool
+        self.given_tool = given_tool
 
 
 class ReservationLost(IdempotencyError):
     """A write with a stale reservation: the key was taken over, finished or purged.
 
     Nothing was written. ``fence`` is the caller's fencing number and ``current_fence`` the key's
-    fencing number in the store now (``None`` if the key is gone), ``state`` its state.
+    fencing number in the store now (``None`` if the key is gone or was not read), ``state`` its
+    state. Also raised, with ``current_fence`` and ``state`` ``None``, when the holder's local
+    deadline passed (no renewal confirmed within ``hold_for``, a store outage): the holder must
+    act as if the key were taken over, whatever the store says later.
     """
 
-    def __init__(self, key: str, fence: int, current_fence: int | None, state: str | None) -> None:
+    def __init__(
+        self,
+        key: str,
+        fence: int,
+        current_fence: int | None,
+        state: str | None,
+        detail: str = "",
+    ) -> None:
+        why = detail or f"store has fence {current_fence} in state {state}"
         super().__init__(
-            f"reservation of idempotency key {key[:16]}... lost: caller holds fence {fence},"
-            f" store has fence {current_fence} in state {state}",
+            f"reservation of idempotency key {key[:16]}... lost: caller holds fence {fence}, {why}",
             key,
         )
         self.fence = fence

@@ -10,7 +10,8 @@ import asyncio
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Literal
 
 import pytest
 
@@ -23,8 +24,11 @@ from agentlease import (
     NotApplied,
     NotJSON,
     ReplayedFailure,
+    ReservationLost,
 )
-from agentlease._policy.keys import derive_key, fingerprint
+from agentlease._policy.keys import derive_key, fingerprint, legacy_fingerprint
+from agentlease._records import KeyHold
+from tests._outage import Outage
 from tests.conftest import Store
 
 SHORT = 0.4  # an in-flight lease meant to run out
@@ -209,8 +213,8 @@ def test_the_same_key_with_other_arguments_is_a_conflict(keys: al.Idempotency) -
     assert act({"cents": 100.0, "order": 1}).replayed  # the same arguments, spelled differently
     with pytest.raises(IdempotencyConflict) as info:
         act({"order": 1, "cents": 999})
-    assert info.value.stored_fingerprint == fingerprint({"order": 1, "cents": 100})
-    assert info.value.given_fingerprint == fingerprint({"order": 1, "cents": 999})
+    assert info.value.stored_fingerprint == fingerprint({"order": 1, "cents": 100}, "refund")
+    assert info.value.given_fingerprint == fingerprint({"order": 1, "cents": 999}, "refund")
     assert ledger == [{"order": 1, "cents": 100}]
 
 
@@ -334,3 +338,256 @@ def test_a_worker_keys_actions_on_its_task(store: Store) -> None:
     finally:
         if store.kind != "memory":
             keys.close()
+
+
+# -- an upstream key reused for another action -----------------------------------------------
+
+
+def test_an_upstream_key_reused_for_another_tool_is_a_conflict_naming_both(
+    keys: al.Idempotency,
+) -> None:
+    ledger: list[str] = []
+    upstream = "req-2b81e0"
+    args = {"order": 11, "cents": 500}
+
+    def run(tool: str) -> Callable[[], str]:
+        def side_effect() -> str:
+            ledger.append(tool)
+            return f"{tool} done"
+
+        return side_effect
+
+    assert keys.call(run("refund"), tool="refund", args=args, key=upstream).value == "refund done"
+    with pytest.raises(IdempotencyConflict) as info:
+        keys.call(run("send_email"), tool="send_email", args=args, key=upstream)
+    assert info.value.stored_tool == "refund"
+    assert info.value.given_tool == "send_email"
+    assert "'refund'" in str(info.value)
+    assert "'send_email'" in str(info.value)
+    with pytest.raises(IdempotencyConflict):  # another step of the same tool
+        keys.call(run("refund"), tool="refund", args=args, key=upstream, step="again")
+    assert keys.call(run("refund"), tool="refund", args=args, key=upstream).replayed
+    assert ledger == ["refund"]
+
+
+def test_outcomes_stored_before_fingerprints_covered_the_tool(store: Store) -> None:
+    """A version 1 fingerprint (arguments only): a derived key, which covers the tool itself,
+    still replays; a caller's own key cannot tell the tool, so it is a conflict."""
+    keys = keys_with(store)
+    backend = keys.backend
+    args = {"to": "ana@example.com"}
+    derived = derive_key("order-12", "welcome", "send_email", args)
+    try:
+        for key in (derived, "upstream-legacy-1"):
+            hold = backend.reserve_key(key, legacy_fingerprint(args), "old", 30.0, 3600.0)
+            assert isinstance(hold, KeyHold)
+            backend.complete_key(hold, b'{"id":"m-old"}', 3600.0)
+        ran: list[int] = []
+
+        def send() -> str:
+            ran.append(1)
+            return "new"
+
+        out = keys.call(send, tool="send_email", args=args, step="welcome", task_id="order-12")
+        assert out.replayed
+        assert out.value == {"id": "m-old"}
+        with pytest.raises(IdempotencyConflict) as info:
+            keys.call(send, tool="send_email", args=args, key="upstream-legacy-1")
+        assert info.value.stored_tool is None
+        assert info.value.given_tool == "send_email"
+        assert ran == []
+    finally:
+        if store.kind != "memory":
+            keys.close()
+
+
+# -- begin() as a context manager -------------------------------------------------------------
+
+
+def test_begin_sets_the_key_and_fence_inside_its_block(keys: al.Idempotency) -> None:
+    seen: list[tuple[str, int]] = []
+    with al.idempotency_scope(task_id="order-13", step="notify"):
+        with keys.begin("notify", {"user": "ana"}) as act:
+            assert not act.replayed
+            seen.append((al.current_key(), al.current_fence()))
+            act.complete({"sent": True})
+        with pytest.raises(MissingIdentity):
+            al.current_key()
+        with keys.begin("notify", {"user": "ana"}) as again:
+            assert again.replayed
+            assert again.result == {"sent": True}
+        # An error escaping the block leaves the reservation in flight, as in call().
+        with pytest.raises(TimeoutError), keys.begin("notify", {"user": "bob"}) as act2:  # noqa: PT012
+            seen.append((al.current_key(), al.current_fence()))
+            raise TimeoutError("the mail server did not answer")
+        with pytest.raises(DuplicateInFlight):
+            keys.begin("notify", {"user": "bob"})
+        # NotApplied releases it: the next attempt acts at once.
+        with pytest.raises(NotApplied), keys.begin("notify", {"user": "cy"}):
+            raise NotApplied("refused before sending")
+        with keys.begin("notify", {"user": "cy"}) as act3:
+            assert not act3.replayed
+            assert act3.fence == 2
+            act3.complete(None)
+    assert seen == [(act.key, act.fence), (act2.key, act2.fence)]
+
+
+def test_the_async_begin_sets_the_key_and_fence_inside_its_block(store: Store) -> None:
+    async def main() -> None:
+        backend = store.backend().open_async() if store.kind == "memory" else None
+        keys = (
+            al.AsyncIdempotency(backend)
+            if backend is not None
+            else al.AsyncIdempotency.connect(store.url)
+        )
+        try:
+            async with await keys.begin(
+                "notify", {"user": "ana"}, step="n", task_id="order-14"
+            ) as act:
+                assert (al.current_key(), al.current_fence()) == (act.key, act.fence)
+                await act.complete("sent")
+            with pytest.raises(MissingIdentity):
+                al.current_fence()
+            again = await keys.begin("notify", {"user": "ana"}, step="n", task_id="order-14")
+            assert again.replayed
+            assert again.result == "sent"
+        finally:
+            if backend is None:
+                await keys.close()
+
+    asyncio.run(main())
+
+
+# -- outages: the local deadline, and final writes retried -------------------------------------
+
+
+def test_a_reservation_is_lost_when_hold_for_passes_while_renewals_fail(store: Store) -> None:
+    outage = Outage(store.backend(), "extend_key")
+    keys = al.Idempotency(outage, settings=IdempotencySettings(hold_for=0.6))  # type: ignore[arg-type]
+    try:
+        act = keys.begin("charge", {"cents": 700}, step="pay", task_id="order-15")
+        act.check()
+        outage.down()  # renewals fail; another attempt may take the key over once it runs out
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            try:
+                act.check()
+            except ReservationLost:
+                break
+            time.sleep(0.02)
+        else:
+            pytest.fail("check() passed long after hold_for ran out unrenewed")
+        outage.up()  # the store answers again: too late, whatever it says
+        with pytest.raises(ReservationLost):
+            act.check()
+        with pytest.raises(ReservationLost):
+            act.complete({"charged": True})  # not recorded: someone else may be acting
+        record = keys.get(act.key)
+        assert record is not None
+        assert record.state == "in_flight"
+    finally:
+        if store.kind != "memory":
+            keys.close()
+
+
+@pytest.mark.parametrize("lose", ["request", "reply"])
+@pytest.mark.parametrize("outcome", ["complete", "fail", "release"])
+def test_a_short_outage_at_the_final_write_does_not_orphan_the_outcome(
+    store: Store, lose: Literal["request", "reply"], outcome: str
+) -> None:
+    outage = Outage(store.backend(), "complete_key", "fail_key", "release_key", lose=lose)
+    keys = al.Idempotency(outage, settings=IdempotencySettings(hold_for=10.0))  # type: ignore[arg-type]
+    ledger: list[int] = []
+
+    def act() -> str:
+        ledger.append(1)
+        outage.fail_next(2)  # the store is away for the outcome's first two tries
+        if outcome == "fail":
+            raise Declined("card declined")
+        if outcome == "release":
+            raise NotApplied("refused before sending")
+        return f"sent {len(ledger)}"
+
+    def call() -> al.Outcome[str]:
+        return keys.call(
+            act, tool="pay", args={"cents": 1}, step="s", task_id="order-16", fail_on=(Declined,)
+        )
+
+    try:
+        if outcome == "complete":
+            first = call()
+            assert (first.replayed, first.value) == (False, "sent 1")
+            again = call()
+            assert again.replayed
+            assert again.value == "sent 1"
+            assert keys.get(again.key).state == "done"  # type: ignore[union-attr]
+        elif outcome == "fail":
+            for _ in range(2):
+                with pytest.raises(Declined, match="card declined"):
+                    call()
+        else:
+            with pytest.raises(NotApplied):
+                call()
+            outage.up()
+            ledger_before = len(ledger)
+            with pytest.raises(NotApplied):  # released: the next call acts at once
+                call()
+            assert len(ledger) == ledger_before + 1
+        assert outage.failed
+        assert len(ledger) == (2 if outcome == "release" else 1)
+    finally:
+        if store.kind != "memory":
+            keys.close()
+
+
+def test_the_final_write_gives_up_at_the_local_deadline(store: Store) -> None:
+    outage = Outage(store.backend(), "complete_key")
+    keys = al.Idempotency(outage, settings=IdempotencySettings(hold_for=0.6))  # type: ignore[arg-type]
+    ledger: list[int] = []
+
+    def act() -> str:
+        ledger.append(1)
+        outage.down()
+        return "sent"
+
+    try:
+        with pytest.raises(ReservationLost) as info:
+            keys.call(act, tool="pay", args={}, step="s", task_id="order-17")
+        assert isinstance(info.value.__cause__, al.BackendUnavailable)
+        assert len(outage.failed) >= 2  # retried before giving up
+        outage.up()
+        record = keys.get(derive_key("order-17", "s", "pay", {}))
+        assert record is not None
+        assert record.state == "in_flight"
+    finally:
+        if store.kind != "memory":
+            keys.close()
+
+
+def test_the_async_final_write_is_retried_through_a_short_outage(store: Store) -> None:
+    async def main() -> None:
+        inner = store.backend().open_async() if store.kind == "memory" else None
+        outage = Outage(
+            inner if inner is not None else al.connect_async(store.url),
+            "complete_key",
+            lose="reply",
+        )
+        keys = al.AsyncIdempotency(outage, settings=IdempotencySettings(hold_for=10.0))  # type: ignore[arg-type]
+        ledger: list[int] = []
+
+        async def act() -> str:
+            ledger.append(1)
+            outage.fail_next(2)
+            return "sent"
+
+        try:
+            first = await keys.call(act, tool="pay", args={}, step="s", task_id="order-18")
+            again = await keys.call(act, tool="pay", args={}, step="s", task_id="order-18")
+            assert (first.replayed, again.replayed, again.value) == (False, True, "sent")
+            assert ledger == [1]
+            assert outage.failed
+        finally:
+            if inner is None:
+                await keys.close()
+
+    asyncio.run(main())

@@ -28,6 +28,7 @@ from agentlease import (
     StateMachine,
     TransitionRefused,
 )
+from tests._outage import Outage
 from tests.conftest import Store
 
 REVIEW = StateMachine(
@@ -387,6 +388,71 @@ def test_locks_are_renewed_while_held(state: al.SharedState) -> None:
         time.sleep(1.0)  # three TTLs: only renewals keep it
         held.check()
         assert state.lock_holders([lock]) == {lock: held.owner}
+
+
+def _lost(held: al.LockSet) -> bool:
+    try:
+        held.check()
+    except LockLost:
+        return True
+    return False
+
+
+def _wait_for(condition: Callable[[], bool], timeout: float = 15.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_a_lock_set_is_lost_when_its_ttl_passes_while_renewals_fail(store: Store) -> None:
+    outage = Outage(store.backend(), "extend_locks")
+    state = al.SharedState(outage)  # type: ignore[arg-type]
+    lock = name("lock")
+    try:
+        held = state.locks([lock], timeout=5, ttl=0.6)
+        with pytest.raises(LockLost, match="no renewal was confirmed"), held:  # noqa: PT012
+            held.check()
+            outage.down()  # renewals fail from now on; the holder's clock keeps running
+            assert _wait_for(lambda: _lost(held)), "check() passed long after the TTL ran out"
+            outage.up()  # the store answers again: too late, whatever it says now
+            with pytest.raises(LockLost):
+                held.check()
+        assert outage.failed, "renewals were attempted during the outage"
+        assert state.lock_holders([lock]) == {lock: None}
+    finally:
+        if store.kind != "memory":
+            state.close()
+
+
+def test_the_async_lock_set_is_lost_when_its_ttl_passes_while_renewals_fail(store: Store) -> None:
+    async def main() -> None:
+        inner = store.backend().open_async() if store.kind == "memory" else None
+        outage = Outage(inner if inner is not None else al.connect_async(store.url), "extend_locks")
+        s = al.AsyncSharedState(outage)  # type: ignore[arg-type]
+        lock = name("lock")
+        try:
+            held = s.locks([lock], timeout=5, ttl=0.6)
+            with pytest.raises(LockLost):  # noqa: PT012 - the holder's whole block
+                async with held:
+                    held.check()
+                    outage.down()
+                    for _ in range(300):
+                        try:
+                            held.check()
+                        except LockLost:
+                            break
+                        await asyncio.sleep(0.05)
+                    outage.up()
+                    held.check()  # raises: the TTL passed without a confirmed renewal
+                    pytest.fail("check() passed long after the TTL ran out")
+        finally:
+            if inner is None:
+                await s.close()
+
+    asyncio.run(main())
 
 
 # -- no lock across a model call --------------------------------------------------------------

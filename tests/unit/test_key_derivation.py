@@ -13,7 +13,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agentlease import InvalidName, MissingIdentity, NotJSON
-from agentlease._policy.keys import canonical_json, check_key, derive_key, fingerprint
+from agentlease._policy.keys import (
+    canonical_json,
+    check_key,
+    derive_key,
+    fingerprint,
+    fingerprint_names,
+    key_and_fingerprint,
+    legacy_fingerprint,
+)
 
 json_values = st.recursive(
     st.none()
@@ -52,7 +60,7 @@ def test_the_key_ignores_dict_order(
 ) -> None:
     other = shuffled(args, random.Random(seed))
     assert derive_key(task, step, tool, args) == derive_key(task, step, tool, other)
-    assert fingerprint(args) == fingerprint(other)
+    assert fingerprint(args, tool, step) == fingerprint(other, tool, step)
 
 
 @given(json_values, json_values, ids, ids, ids)
@@ -61,7 +69,7 @@ def test_the_key_differs_when_the_arguments_differ(
 ) -> None:
     same = canonical_json(a) == canonical_json(b)
     assert (derive_key(task, step, tool, a) == derive_key(task, step, tool, b)) == same
-    assert (fingerprint(a) == fingerprint(b)) == same
+    assert (fingerprint(a, tool, step) == fingerprint(b, tool, step)) == same
 
 
 @given(json_values, st.lists(ids, min_size=3, max_size=3), st.lists(ids, min_size=3, max_size=3))
@@ -71,6 +79,42 @@ def test_the_key_differs_when_any_identity_part_differs(
     k1 = derive_key(one[0], one[1], one[2], args)
     k2 = derive_key(two[0], two[1], two[2], args)
     assert (k1 == k2) == (one == two)
+
+
+@given(json_values, st.lists(ids, min_size=2, max_size=2), st.lists(ids, min_size=2, max_size=2))
+def test_the_fingerprint_differs_when_the_tool_or_step_differs(
+    args: object, one: list[str], two: list[str]
+) -> None:
+    f1, f2 = fingerprint(args, one[0], one[1]), fingerprint(args, two[0], two[1])
+    assert (f1 == f2) == (one == two)
+    assert fingerprint_names(f1) == (one[0], one[1])
+
+
+def test_the_fingerprint_is_versioned_and_names_its_action() -> None:
+    fp = fingerprint({"cents": 100.0}, "stripe.refund")
+    assert fp == fingerprint({"cents": 100}, "stripe.refund", None)
+    assert fp != fingerprint({"cents": 100}, "stripe.refund", "step-1")
+    version, digest, label = fp.split(":", 2)
+    assert version == "2"
+    assert len(digest) == 64
+    assert json.loads(label) == ["stripe.refund", None]
+    assert fingerprint_names(fp) == ("stripe.refund", None)
+    assert fingerprint_names(fingerprint(None, "t:x", 'a "b"')) == ("t:x", 'a "b"')
+    long = fingerprint(None, "t" * 500)
+    assert fingerprint_names(long) == ("t" * 100, None)
+    assert long != fingerprint(None, "t" * 499)  # the digest covers the whole name
+    assert key_and_fingerprint("order-1", "s", "t", [1])[1] == fingerprint([1], "t", "s")
+    with pytest.raises(MissingIdentity):
+        fingerprint({}, "")
+
+
+def test_the_legacy_fingerprint_is_pinned_and_names_nothing() -> None:
+    import hashlib
+
+    old = legacy_fingerprint(GOLDEN_ARGS)
+    assert old == hashlib.sha256(b"agentlease-args/1\x00" + canonical_json(GOLDEN_ARGS)).hexdigest()
+    assert fingerprint_names(old) is None
+    assert fingerprint_names("2:abc:not json") is None
 
 
 def test_parts_cannot_run_into_each_other() -> None:

@@ -146,7 +146,7 @@ class AsyncCounterHold:
             self.name, self.token, self.units, self.limit, self.ttl
         )
         self._deadline = sent + self.ttl
-        self._renewal = self._state._renewals.open(self, self.ttl / 3)
+        self._renewal = self._state._renewals.open(self, self.ttl, sent=sent)
         return self
 
     async def __aexit__(

@@ -21,7 +21,9 @@ Written once for asyncio; the synchronous face is generated from this file by sc
   :mod:`agentlease._async.holds`).
 * **Lock sets**: :meth:`~AsyncSharedState.locks` acquires several locks at once, in canonical
   order, all or nothing, within a mandatory timeout, with a TTL renewed while held and a fencing
-  token per lock; a lost renewal is raised, not swallowed.
+  token per lock; a lost renewal is raised, not swallowed, and so is a TTL that ran out on the
+  holder's own monotonic clock while renewals failed (a store outage): past that local deadline
+  the holder has lost the locks, whatever the store says later.
 """
 
 from __future__ import annotations
@@ -42,7 +44,9 @@ from agentlease._records import LockBusy, RecordWrite, StateRecord, Versioned
 from agentlease._renewal import AsyncRenewals, Renewing, async_sleep
 from agentlease.backends import AsyncBackend, connect_async
 from agentlease.errors import (
+    BackendError,
     ConflictError,
+    HoldLost,
     InvalidInput,
     LockLost,
     LockTimeout,
@@ -54,6 +58,14 @@ from .holds import AsyncCounterHold
 __all__ = ["AsyncCounterHold", "AsyncLockSet", "AsyncSharedState"]
 
 _HOST = socket.gethostname()
+
+
+def _lapsed(held: AsyncLockSet | AsyncCounterHold) -> LockLost | HoldLost:
+    if isinstance(held, AsyncCounterHold):
+        return HoldLost(held.name, held.units, "its TTL passed here without a renewal")
+    return LockLost(
+        held.names, f"no renewal was confirmed within their TTL ({held._ttl} s): store unreachable?"
+    )
 
 
 def _versioned(record: StateRecord | None) -> Versioned:
@@ -86,15 +98,17 @@ class AsyncLockSet:
         """Who holds the locks, as the store records it."""
         return self._owner
 
-    async def _acquire(self) -> None:
+    async def _acquire(self) -> float:
+        """Acquire the set; the ``time.monotonic`` at which the successful request was sent."""
         backend, timeout = self._state.backend, self._timeout
         give_up = time.monotonic() + timeout
         pause = 0.01
         while True:
+            sent = time.monotonic()
             got = await backend.acquire_locks(self.names, self._owner, self._ttl)
             if not isinstance(got, LockBusy):
                 self.tokens = dict(zip(self.names, got, strict=True))
-                return
+                return sent
             left = give_up - time.monotonic()
             if left <= 0:
                 raise LockTimeout(self.names, timeout, got.name, got.holder)
@@ -102,14 +116,15 @@ class AsyncLockSet:
             pause = min(pause * 2, 1.0)
 
     def check(self) -> None:
-        """Raise :class:`~agentlease.errors.LockLost` if a renewal found a lock gone: stop
-        writing to what it protected."""
-        if self._renewal is not None and self._renewal.lost is not None:
-            raise self._renewal.lost
+        """Raise :class:`~agentlease.errors.LockLost` if a renewal found a lock gone, or if no
+        renewal was confirmed within the TTL (the store was unreachable): stop writing to what
+        the locks protected. Once raised, it is raised for good."""
+        if self._renewal is not None:
+            self._state._renewals.check(self._renewal)
 
     async def __aenter__(self) -> AsyncLockSet:
-        await self._acquire()
-        self._renewal = self._state._renewals.open(self, self._ttl / 3)
+        sent = await self._acquire()
+        self._renewal = self._state._renewals.open(self, self._ttl, sent=sent)
         self._scope_token = _guards.hold_locks(self.names)
         return self
 
@@ -127,7 +142,12 @@ class AsyncLockSet:
             await self._state._renewals.close(renewal)
         except LockLost as error:
             lost = error
-        missing = await self._state.backend.release_locks(self.names, self._owner)
+        try:
+            missing = await self._state.backend.release_locks(self.names, self._owner)
+        except BackendError:
+            if lost is None:
+                raise
+            missing = []  # lost already: their TTL frees them; the loss says more
         if exc is not None:
             return  # the body's own error says more than a lost lock would
         if lost is not None:
@@ -148,7 +168,7 @@ class AsyncSharedState:
         self.backend = backend
         self._limit = check.integer(max_value_bytes, "max_value_bytes", low=16, high=2**29)
         self._rand = random.Random()
-        self._renewals = AsyncRenewals(self._renew)
+        self._renewals = AsyncRenewals(self._renew, _lapsed)
 
     async def _renew(self, entry: Renewing) -> None:
         if isinstance(entry.lease, AsyncCounterHold):
@@ -385,9 +405,11 @@ class AsyncSharedState:
                 await state.set_field("account:3", "balance", 90, fence=held.tokens["account:3"])
 
         The locks' TTL is renewed every third of ``ttl`` while held; a failed renewal is raised
-        by :meth:`AsyncLockSet.check` and on exit. A holder that dies loses them ``ttl`` after
-        its last renewal. Fencing tokens count per lock, and a record keeps the highest token
-        it has seen: fence each record with the token of one lock.
+        by :meth:`AsyncLockSet.check` and on exit, and so is a ``ttl`` that passed on the
+        holder's monotonic clock (from the sending of the last confirmed acquisition or
+        renewal, less a 2 % margin) while the store did not answer. A holder that dies loses
+        them ``ttl`` after its last renewal. Fencing tokens count per lock, and a record keeps
+        the highest token it has seen: fence each record with the token of one lock.
 
         Raises:
             LockTimeout: (on entering) not acquired within ``timeout``; none is held.

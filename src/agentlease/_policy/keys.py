@@ -5,6 +5,15 @@ id, the tool name and the canonical JSON of the arguments. Nothing that varies b
 (the attempt number, a timestamp, a random id, raw model text) may enter it, so every attempt of
 the same step of the same task, in any process, on any Python, derives the same key.
 
+An action's **fingerprint** (what a reservation stores, and what tells a re-planned call from a
+retry) covers the tool, the step and the arguments, so a key given by the caller (an upstream
+``Idempotency-Key``) reused for another tool or step is a conflict, never a replay of the other
+action's result. It is versioned: ``2:<SHA-256 hex>:<JSON [tool, step]>`` (the tool and step in
+clear, cut to 100 characters each, so a conflict can name the action that holds the key).
+Version 1 fingerprints, stored before version 2, are 64 hex digits of the arguments alone: a
+key derived here (which covers the tool and step itself) still matches one, and a caller's own
+key meets it as a conflict (:func:`legacy_fingerprint`).
+
 Canonical JSON: object keys sorted, no whitespace, UTF-8 strings, tuples as arrays, and numbers
 in one spelling (an integral float such as ``10.0`` is written ``10``, as JSON itself cannot tell
 them apart and a planner may produce either). Anything that is not plain JSON is refused with
@@ -22,17 +31,26 @@ from agentlease._codec import JSON
 from agentlease.errors import InvalidName, MissingIdentity, NotJSON
 
 __all__ = [
+    "FINGERPRINT_VERSION",
     "KEY_VERSION",
     "canonical_json",
     "check_key",
     "derive_key",
     "fingerprint",
+    "fingerprint_names",
     "key_and_fingerprint",
+    "legacy_fingerprint",
     "reservable",
 ]
 
 KEY_VERSION = 1
 """Bumped whenever the encoding changes, so keys of different versions never collide."""
+
+FINGERPRINT_VERSION = 2
+"""The encoding of fingerprints (version 1: the arguments alone; version 2: tool, step and
+arguments, with the tool and step in clear)."""
+
+_LABEL = 100  # characters of the tool and the step kept in clear in a fingerprint
 
 _MAX_INT = 2**53  # floats past this are not exact integers in every JSON reader
 _MAX_KEY = 256
@@ -75,9 +93,44 @@ def canonical_json(value: object) -> bytes:
         raise NotJSON(f"arguments are not JSON-serialisable: {exc}") from exc
 
 
-def fingerprint(args: object) -> str:
-    """The SHA-256 (hex) of the arguments' canonical JSON: what a conflict names."""
-    return _fingerprint(canonical_json(args))
+def fingerprint(args: object, tool: str, step: str | None = None) -> str:
+    """The fingerprint of an action: its tool, its step and its arguments (see the module's
+    account of the encoding); what a reservation stores and a conflict names.
+
+    Raises:
+        MissingIdentity: the tool name is missing or empty.
+        NotJSON: the arguments are not plain JSON.
+    """
+    _check_part("tool name", tool)
+    return _fingerprint(tool, step, canonical_json(args))
+
+
+def legacy_fingerprint(args: object) -> str:
+    """The version 1 fingerprint of ``args`` (the SHA-256 hex of their canonical JSON alone),
+    as reservations made before version 2 stored it."""
+    canonical = canonical_json(args)
+    return hashlib.sha256(b"agentlease-args/1\x00" + canonical).hexdigest()
+
+
+def fingerprint_names(fp: str) -> tuple[str, str | None] | None:
+    """The tool and step a fingerprint names (cut to 100 characters), or ``None`` for a
+    version 1 fingerprint or a string that is not a fingerprint."""
+    version, _, rest = fp.partition(":")
+    if version != str(FINGERPRINT_VERSION):
+        return None
+    label = rest.partition(":")[2]
+    try:
+        names = orjson.loads(label)
+    except orjson.JSONDecodeError:
+        return None
+    if (
+        isinstance(names, list)
+        and len(names) == 2
+        and isinstance(names[0], str)
+        and (names[1] is None or isinstance(names[1], str))
+    ):
+        return names[0], names[1]
+    return None
 
 
 def derive_key(task_id: str, step_id: str, tool: str, args: object) -> str:
@@ -99,21 +152,31 @@ def derive_key(task_id: str, step_id: str, tool: str, args: object) -> str:
 def key_and_fingerprint(task_id: str, step_id: str, tool: str, args: object) -> tuple[str, str]:
     """:func:`derive_key` and :func:`fingerprint` together, encoding the arguments once."""
     for what, part in (("task id", task_id), ("step id", step_id), ("tool name", tool)):
-        if not isinstance(part, str) or not part:
-            raise MissingIdentity(
-                f"an idempotent action needs a {what}, got {part!r}: without it two different"
-                " actions could share a key"
-            )
+        _check_part(what, part)
     canonical = canonical_json(args)
     # The canonical JSON of [version, task, step, tool, args], built around the arguments'
     # encoding (compact JSON: the array's closing bracket is its last byte).
     identity = orjson.dumps([KEY_VERSION, task_id, step_id, tool])[:-1] + b"," + canonical + b"]"
     key = hashlib.sha256(b"agentlease-key/%d\x00" % KEY_VERSION + identity).hexdigest()
-    return key, _fingerprint(canonical)
+    return key, _fingerprint(tool, step_id, canonical)
 
 
-def _fingerprint(canonical: bytes) -> str:
-    return hashlib.sha256(b"agentlease-args/%d\x00" % KEY_VERSION + canonical).hexdigest()
+def _check_part(what: str, part: object) -> None:
+    if not isinstance(part, str) or not part:
+        raise MissingIdentity(
+            f"an idempotent action needs a {what}, got {part!r}: without it two different"
+            " actions could share a key"
+        )
+
+
+def _fingerprint(tool: str, step: str | None, canonical: bytes) -> str:
+    # The canonical JSON of [version, tool, step, args], built around the arguments' encoding.
+    head = orjson.dumps([FINGERPRINT_VERSION, tool, step])[:-1]
+    digest = hashlib.sha256(
+        b"agentlease-args/%d\x00" % FINGERPRINT_VERSION + head + b"," + canonical + b"]"
+    ).hexdigest()
+    label = orjson.dumps([tool[:_LABEL], None if step is None else step[:_LABEL]]).decode()
+    return f"{FINGERPRINT_VERSION}:{digest}:{label}"
 
 
 def check_key(key: object) -> str:

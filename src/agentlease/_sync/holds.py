@@ -148,7 +148,7 @@ class CounterHold:
             self.name, self.token, self.units, self.limit, self.ttl
         )
         self._deadline = sent + self.ttl
-        self._renewal = self._state._renewals.open(self, self.ttl / 3)
+        self._renewal = self._state._renewals.open(self, self.ttl, sent=sent)
         return self
 
     def __exit__(

@@ -23,7 +23,9 @@ Written once for asyncio; the synchronous face is generated from this file by sc
   :mod:`agentlease._sync.holds`).
 * **Lock sets**: :meth:`~SharedState.locks` acquires several locks at once, in canonical
   order, all or nothing, within a mandatory timeout, with a TTL renewed while held and a fencing
-  token per lock; a lost renewal is raised, not swallowed.
+  token per lock; a lost renewal is raised, not swallowed, and so is a TTL that ran out on the
+  holder's own monotonic clock while renewals failed (a store outage): past that local deadline
+  the holder has lost the locks, whatever the store says later.
 """
 
 from __future__ import annotations
@@ -44,7 +46,9 @@ from agentlease._records import LockBusy, RecordWrite, StateRecord, Versioned
 from agentlease._renewal import Renewals, Renewing, sync_sleep
 from agentlease.backends import Backend, connect
 from agentlease.errors import (
+    BackendError,
     ConflictError,
+    HoldLost,
     InvalidInput,
     LockLost,
     LockTimeout,
@@ -56,6 +60,14 @@ from .holds import CounterHold
 __all__ = ["CounterHold", "LockSet", "SharedState"]
 
 _HOST = socket.gethostname()
+
+
+def _lapsed(held: LockSet | CounterHold) -> LockLost | HoldLost:
+    if isinstance(held, CounterHold):
+        return HoldLost(held.name, held.units, "its TTL passed here without a renewal")
+    return LockLost(
+        held.names, f"no renewal was confirmed within their TTL ({held._ttl} s): store unreachable?"
+    )
 
 
 def _versioned(record: StateRecord | None) -> Versioned:
@@ -88,15 +100,17 @@ class LockSet:
         """Who holds the locks, as the store records it."""
         return self._owner
 
-    def _acquire(self) -> None:
+    def _acquire(self) -> float:
+        """Acquire the set; the ``time.monotonic`` at which the successful request was sent."""
         backend, timeout = self._state.backend, self._timeout
         give_up = time.monotonic() + timeout
         pause = 0.01
         while True:
+            sent = time.monotonic()
             got = backend.acquire_locks(self.names, self._owner, self._ttl)
             if not isinstance(got, LockBusy):
                 self.tokens = dict(zip(self.names, got, strict=True))
-                return
+                return sent
             left = give_up - time.monotonic()
             if left <= 0:
                 raise LockTimeout(self.names, timeout, got.name, got.holder)
@@ -104,14 +118,15 @@ class LockSet:
             pause = min(pause * 2, 1.0)
 
     def check(self) -> None:
-        """Raise :class:`~agentlease.errors.LockLost` if a renewal found a lock gone: stop
-        writing to what it protected."""
-        if self._renewal is not None and self._renewal.lost is not None:
-            raise self._renewal.lost
+        """Raise :class:`~agentlease.errors.LockLost` if a renewal found a lock gone, or if no
+        renewal was confirmed within the TTL (the store was unreachable): stop writing to what
+        the locks protected. Once raised, it is raised for good."""
+        if self._renewal is not None:
+            self._state._renewals.check(self._renewal)
 
     def __enter__(self) -> LockSet:
-        self._acquire()
-        self._renewal = self._state._renewals.open(self, self._ttl / 3)
+        sent = self._acquire()
+        self._renewal = self._state._renewals.open(self, self._ttl, sent=sent)
         self._scope_token = _guards.hold_locks(self.names)
         return self
 
@@ -129,7 +144,12 @@ class LockSet:
             self._state._renewals.close(renewal)
         except LockLost as error:
             lost = error
-        missing = self._state.backend.release_locks(self.names, self._owner)
+        try:
+            missing = self._state.backend.release_locks(self.names, self._owner)
+        except BackendError:
+            if lost is None:
+                raise
+            missing = []  # lost already: their TTL frees them; the loss says more
         if exc is not None:
             return  # the body's own error says more than a lost lock would
         if lost is not None:
@@ -150,7 +170,7 @@ class SharedState:
         self.backend = backend
         self._limit = check.integer(max_value_bytes, "max_value_bytes", low=16, high=2**29)
         self._rand = random.Random()
-        self._renewals = Renewals(self._renew)
+        self._renewals = Renewals(self._renew, _lapsed)
 
     def _renew(self, entry: Renewing) -> None:
         if isinstance(entry.lease, CounterHold):
@@ -387,9 +407,11 @@ class SharedState:
                 state.set_field("account:3", "balance", 90, fence=held.tokens["account:3"])
 
         The locks' TTL is renewed every third of ``ttl`` while held; a failed renewal is raised
-        by :meth:`LockSet.check` and on exit. A holder that dies loses them ``ttl`` after
-        its last renewal. Fencing tokens count per lock, and a record keeps the highest token
-        it has seen: fence each record with the token of one lock.
+        by :meth:`LockSet.check` and on exit, and so is a ``ttl`` that passed on the
+        holder's monotonic clock (from the sending of the last confirmed acquisition or
+        renewal, less a 2 % margin) while the store did not answer. A holder that dies loses
+        them ``ttl`` after its last renewal. Fencing tokens count per lock, and a record keeps
+        the highest token it has seen: fence each record with the token of one lock.
 
         Raises:
             LockTimeout: (on entering) not acquired within ``timeout``; none is held.
