@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import uuid
 from functools import cache
+from typing import Any
 
 REDIS_URL = os.environ.get("AGENTLEASE_TEST_REDIS", "redis://127.0.0.1:6379/0")
 POSTGRES_URL = os.environ.get("AGENTLEASE_TEST_POSTGRES", "postgresql://root@127.0.0.1:5432/test")
@@ -62,18 +63,24 @@ def drop_redis_prefix(url: str, prefix: str) -> None:
     from redis.cluster import RedisCluster
 
     base = url.split("?", 1)[0]
-    cluster = "cluster=1" in url
-    client: redis.Redis | RedisCluster = (
-        RedisCluster.from_url(base) if cluster else redis.Redis.from_url(base)
-    )
+    if "cluster=1" in url:
+        # One plain client per primary: the cluster client's scan_iter(target_nodes=...) leaves
+        # a socket open (a ResourceWarning that fails the session when it is collected).
+        cluster = RedisCluster.from_url(base)
+        try:
+            nodes = [(n.host, n.port) for n in cluster.get_primaries()]
+        finally:
+            cluster.close()
+        for host, port in nodes:
+            _drop_keys(redis.Redis(host=host, port=port), prefix)
+    else:
+        _drop_keys(redis.Redis.from_url(base), prefix)
+
+
+def _drop_keys(client: Any, prefix: str) -> None:
     try:
         for pattern in (f"{{{prefix}:*", f"{prefix}:*"):
-            if cluster:
-                assert isinstance(client, RedisCluster)
-                keys = list(client.scan_iter(match=pattern, count=1000, target_nodes="all"))
-            else:
-                keys = list(client.scan_iter(match=pattern, count=1000))
-            for key in keys:
+            for key in list(client.scan_iter(match=pattern, count=1000)):
                 client.delete(key)
     finally:
         if isinstance(client, RedisCluster):

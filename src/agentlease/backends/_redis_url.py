@@ -307,7 +307,7 @@ DRIVER_ERRORS = (rx.RedisError, rx.RedisClusterException)
 
 # Errors that say the store cannot serve right now; anything else from Redis is a BackendError.
 _UNAVAILABLE = (
-    rx.ConnectionError,  # also refused connections, wrong passwords (AuthenticationError), LOADING
+    rx.ConnectionError,  # also refused connections, LOADING (a refused login is handled first)
     rx.TimeoutError,
     rx.ReadOnlyError,  # a replica promoted, or a failover in progress
     rx.ClusterDownError,
