@@ -70,6 +70,11 @@ def drop_redis_prefix(url: str, prefix: str) -> None:
         try:
             nodes = [(n.host, n.port) for n in cluster.get_primaries()]
         finally:
+            # RedisCluster.close() hands node connections back to their pools without closing
+            # them: close the sockets now, not at some later garbage collection (a warning).
+            for node in cluster.get_nodes():
+                if node.redis_connection is not None:
+                    node.redis_connection.connection_pool.disconnect()
             cluster.close()
         for host, port in nodes:
             _drop_keys(redis.Redis(host=host, port=port), prefix)
@@ -83,12 +88,6 @@ def _drop_keys(client: Any, prefix: str) -> None:
             for key in list(client.scan_iter(match=pattern, count=1000)):
                 client.delete(key)
     finally:
-        if isinstance(client, RedisCluster):
-            # RedisCluster.close() hands node connections back to their pools without closing
-            # them: close the sockets now, not at some later garbage collection (a warning).
-            for node in client.get_nodes():
-                if node.redis_connection is not None:
-                    node.redis_connection.connection_pool.disconnect()
         client.close()
 
 

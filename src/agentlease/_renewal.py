@@ -200,13 +200,14 @@ class AsyncRenewals(_Base):
                 self._task = None
                 return
 
-    async def stop(self) -> None:
-        """Stop the renewing task (the client is closing)."""
+    async def stop(self, timeout: float = 1.0) -> None:
+        """Stop the renewing task (the client is closing), waiting at most ``timeout`` seconds
+        for a renewal in flight to unwind."""
         task, self._task = self._task, None
         if task is not None and not task.done():
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, RuntimeError):
-                await task
+            with contextlib.suppress(RuntimeError):  # a task of a loop that is gone
+                await asyncio.wait({task}, timeout=timeout)
 
 
 class Renewals(_Base):
@@ -259,11 +260,12 @@ class Renewals(_Base):
                     self._thread = None
                     return
 
-    def stop(self) -> None:
-        """Stop the renewing thread (the client is closing)."""
+    def stop(self, timeout: float = 1.0) -> None:
+        """Stop the renewing thread (the client is closing), waiting at most ``timeout`` seconds
+        for a renewal in flight (the thread is a daemon: a hung call cannot hang shutdown)."""
         self._stopped.set()
         self._wake.set()
         with self._lock:
             thread, self._thread = self._thread, None
         if thread is not None and thread is not threading.current_thread():
-            thread.join()
+            thread.join(timeout)

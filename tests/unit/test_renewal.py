@@ -153,3 +153,38 @@ def _raises(check: object, entry: Renewing) -> bool:
     except LockLost:
         return True
     return False
+
+
+def test_stop_never_waits_for_a_hung_renewal_longer_than_its_timeout() -> None:
+    entered = threading.Event()
+    release = threading.Event()
+
+    def hung(entry: Renewing) -> None:
+        entered.set()
+        release.wait(30)  # a store call that does not come back
+
+    renewals = Renewals(hung, lambda lease: LockLost(("x",), "lapsed"))
+    renewals.open("lease", 0.3)
+    assert entered.wait(5)
+    started = time.monotonic()
+    renewals.stop(timeout=0.5)
+    assert time.monotonic() - started < 2.0
+    release.set()
+
+
+async def test_the_async_stop_never_waits_for_a_hung_renewal_longer_than_its_timeout() -> None:
+    entered = asyncio.Event()
+
+    async def hung(entry: Renewing) -> None:
+        entered.set()
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            await asyncio.sleep(30)  # a call that does not unwind when cancelled
+
+    renewals = AsyncRenewals(hung, lambda lease: LockLost(("x",), "lapsed"))
+    renewals.open("lease", 0.3)
+    await asyncio.wait_for(entered.wait(), 5)
+    started = time.monotonic()
+    await renewals.stop(timeout=0.5)
+    assert time.monotonic() - started < 2.0
