@@ -51,6 +51,13 @@ _WORKER = textwrap.dedent(
 
     def handler(ctx):
         ledger.write("ran", task=ctx.task_id, attempt=ctx.attempt, t=time.time())
+        try:
+            ctx.progress({"step": 1})
+        except al.AgentLeaseError:
+            pass  # the store is down (or the lease lost): the worker's writes will say so
+        except Exception as exc:
+            ledger.write("untyped", error=repr(exc), t=time.time())
+            raise
         time.sleep(ctx.payload["work"])
         return {"attempt": ctx.attempt}
 
@@ -67,6 +74,52 @@ _WORKER = textwrap.dedent(
     client.close()
     """
 )
+
+# The same worker on the asyncio face: an AsyncWorker, an async handler, AsyncQueue's writes.
+_ASYNC_WORKER = textwrap.dedent(
+    """
+    import asyncio, sys, time
+    from pathlib import Path
+    import agentlease as al
+    from agentlease._demo.ledger import Ledger
+
+    url, queue, ledger_path = sys.argv[1], sys.argv[2], Path(sys.argv[3])
+    ledger = Ledger(ledger_path)
+
+    def on_event(event):
+        ledger.write(event.name, task=event.task_id, attempt=event.attempt, t=time.time())
+
+    async def handler(ctx):
+        ledger.write("ran", task=ctx.task_id, attempt=ctx.attempt, t=time.time())
+        try:
+            await ctx.progress({"step": 1})
+        except al.AgentLeaseError:
+            pass
+        except Exception as exc:
+            ledger.write("untyped", error=repr(exc), t=time.time())
+            raise
+        await asyncio.sleep(ctx.payload["work"])
+        return {"attempt": ctx.attempt}
+
+    async def main():
+        client = al.AsyncQueue.connect(
+            url, settings=al.QueueSettings(lease_for=3.0), on_event=on_event
+        )
+        worker = al.AsyncWorker(
+            client,
+            queue,
+            handler,
+            settings=al.WorkerSettings(concurrency=4, poll_interval=0.05, shutdown_grace=5.0),
+        )
+        ledger.write("ready", t=time.time())
+        await worker.run()
+        ledger.write("exit", t=time.time())
+        await client.close()
+
+    asyncio.run(main())
+    """
+)
+WORKERS = {"sync": _WORKER, "async": _ASYNC_WORKER}
 
 
 @pytest.fixture
@@ -114,7 +167,8 @@ def _wait_all_done(q: al.Queue, queue: str, at_least: int, timeout: float) -> al
 
 
 @pytest.mark.slow
-def test_workers_ride_through_a_redis_restart(private_redis, tmp_path: Path) -> None:
+@pytest.mark.parametrize("face", ["sync", "async"])
+def test_workers_ride_through_a_redis_restart(private_redis, tmp_path: Path, face: str) -> None:
     server = private_redis(**DURABLE)
     url = f"{server.url}?prefix=restart&connect_timeout=1&socket_timeout=2"
     queue = "jobs"
@@ -124,7 +178,7 @@ def test_workers_ride_through_a_redis_restart(private_redis, tmp_path: Path) -> 
     ledgers.mkdir()
     workers = [
         subprocess.Popen(
-            [sys.executable, "-c", _WORKER, url, queue, str(ledgers / f"w{k}.jsonl")],
+            [sys.executable, "-c", WORKERS[face], url, queue, str(ledgers / f"w{k}.jsonl")],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
@@ -181,6 +235,7 @@ def test_workers_ride_through_a_redis_restart(private_redis, tmp_path: Path) -> 
         producer.close()
 
     assert all(alive), f"a worker died: {errors}"
+    assert not [e for e in errors if "redis.exceptions" in e], errors
     assert refused, "the producer never saw the outage"
     assert all(isinstance(e, BackendUnavailable) and t < FAST for e, t in refused), refused[:3]
     # Every acknowledged task was completed; an enqueue refused during the outage may or may not
@@ -189,6 +244,7 @@ def test_workers_ride_through_a_redis_restart(private_redis, tmp_path: Path) -> 
     assert all(t.state == "done" for t in tasks.values())
     assert final.counts["done"] >= len(set(acked))
     records = list(read_ledgers(ledgers))
+    assert [r for r in records if r["kind"] == "untyped"] == []
     completed = Counter(r["task"] for r in records if r["kind"] == "completed")
     twice = {t: n for t, n in completed.items() if n > 1}
     assert twice == {}, f"completed more than once: {twice}"

@@ -4,9 +4,10 @@ sockets and cancelled calls (see ``agentlease.backends._async.redis_link``).
 Scripts go over one connection the link keeps out of redis-py's pool; these tests prove that
 every caller still gets its own reply: concurrent threads and asyncio tasks (one takes the
 connection, the others the pool), a forked child (never its parent's socket), a connection the
-server closed while idle (replaced before a call goes out, so even a claim, which is never sent
-twice, succeeds), and a call cancelled while its reply was on the way (the connection is closed,
-so the next call cannot read the stale reply).
+server closed while idle (replaced before a call goes out, on both faces, so even a claim, which
+is never sent twice, succeeds), a call cancelled while its reply was on the way (the connection
+is closed, so the next call cannot read the stale reply), and scripts the server forgot (sent
+again whole, never loaded with SCRIPT LOAD).
 """
 
 from __future__ import annotations
@@ -105,6 +106,28 @@ def test_a_connection_the_server_closed_is_replaced_before_a_claim_goes_out(
         q.close()
 
 
+async def test_a_connection_the_server_closed_is_replaced_on_the_asyncio_face_too(
+    served_url_redis: str,
+) -> None:
+    """The event loop has not run since the server closed the socket, so it has not seen the
+    close: the link must look at the socket itself."""
+    q = al.AsyncQueue.connect(served_url_redis)
+    admin = redis.Redis.from_url(served_url_redis.partition("?")[0])
+    try:
+        link: Any = q.backend._link  # type: ignore[attr-defined]
+        await q.enqueue_many("jobs", ["a", "b", "c"])
+        await q.claim("jobs", 1)
+        for expected in ("b", "c"):
+            own_id = await link._execute("CLIENT", "ID")
+            assert admin.client_kill_filter(_id=own_id) == 1  # blocking: the loop does not run
+            (job,) = await q.claim("jobs", 1)  # never sent twice: it must go out on a live socket
+            assert job.payload == expected
+            assert await link._execute("CLIENT", "ID") != own_id
+    finally:
+        admin.close()
+        await q.close()
+
+
 def test_a_forked_child_never_uses_its_parents_socket(served_url_redis: str) -> None:
     q = al.Queue.connect(served_url_redis)
     try:
@@ -195,3 +218,37 @@ async def test_concurrent_tasks_share_one_async_backend(served_url_redis: str) -
         assert sorted(seen) == sorted(ids)
     finally:
         await q.close()
+
+
+async def test_scripts_the_server_forgot_run_again_without_script_load(
+    paused_redis: PrivateRedis,
+) -> None:
+    """After SCRIPT FLUSH (what a restart or a failover looks like), single calls and pipelines
+    send the scripts' text once: nothing is loaded elsewhere, and a user who may not run SCRIPT
+    LOAD (here: every SCRIPT subcommand denied) loses nothing."""
+    admin = redis.Redis(port=paused_redis.port)
+    admin.execute_command("ACL", "SETUSER", "agent", "on", ">pw", "~*", "+@all", "-script")
+    url = f"redis://agent:pw@127.0.0.1:{paused_redis.port}/0?prefix=forgot"
+    sync_q = al.Queue.connect(url)
+    async_q = al.AsyncQueue.connect(url)
+    try:
+        for face in ("sync", "async"):
+            admin.script_flush()
+            if face == "sync":
+                (a, b) = sync_q.enqueue_many("jobs", ["a", "b"])  # a pipeline
+                admin.script_flush()
+                jobs = sync_q.claim("jobs", 2, lease_for=30)  # one script
+                admin.script_flush()
+                assert sync_q.complete_many([(j.lease, "ok") for j in jobs]) == [None, None]
+            else:
+                (a, b) = await async_q.enqueue_many("jobs", ["a", "b"])
+                admin.script_flush()
+                jobs = await async_q.claim("jobs", 2, lease_for=30)
+                admin.script_flush()
+                assert await async_q.complete_many([(j.lease, "ok") for j in jobs]) == [None] * 2
+            assert {j.task_id for j in jobs} == {a.task_id, b.task_id}, face
+            assert sync_q.get(a.task_id).result == "ok"
+    finally:
+        admin.close()
+        sync_q.close()
+        await async_q.close()

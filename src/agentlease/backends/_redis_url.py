@@ -33,9 +33,11 @@ exceptions become agentlease's (the driver's exception is kept as ``__cause__``)
 
 from __future__ import annotations
 
+import inspect
 import math
 import os
 import re
+import select
 import threading
 import time
 from asyncio import sleep as async_sleep
@@ -67,10 +69,13 @@ __all__ = [
     "SyncFace",
     "async_gate",
     "async_sleep",
+    "closed_while_idle",
+    "closer",
     "connect",
     "connect_async",
     "forks",
     "parse",
+    "pool_args",
     "redis_asyncio",
     "redis_sync",
     "sync_gate",
@@ -97,6 +102,58 @@ def forks() -> int:
     """How many forks lie between the first process and this one (a child's count is higher
     than its parent's): a connection taken at another count belongs to another process."""
     return _forks[0]
+
+
+# -- redis-py from 5.0 on ----------------------------------------------------------------------
+# The floors in pyproject.toml are tested (scripts/floors.sh); where redis-py changed an API the
+# link uses, these pick the spelling of the installed version, once.
+
+
+def pool_args(pool: Any) -> tuple[str, ...]:
+    """The arguments for ``pool.get_connection``: a command name before redis-py 5.3, which
+    requires one, and none after (5.3 deprecates it)."""
+    param = inspect.signature(pool.get_connection).parameters.get("command_name")
+    if param is not None and param.default is inspect.Parameter.empty:
+        return ("EVALSHA",)
+    return ()
+
+
+def closer(client: Any) -> Any:
+    """The method that closes ``client``: ``aclose`` on an asyncio client from redis-py 5.0.1
+    on (which deprecates ``close`` there), ``close`` on 5.0.0's and on a sync client."""
+    return getattr(client, "aclose", None) or client.close
+
+
+def closed_while_idle(conn: Any) -> bool | None:
+    """Whether an idle connection's socket has something to read, which means the server closed
+    it (a restart, its ``timeout``, ``CLIENT KILL``): one poll, no I/O. None if it has no socket
+    to look at (not connected).
+
+    redis-py's own check (``can_read``) on an asyncio connection only sees what the event loop
+    has already read: a socket closed since the loop last ran looks healthy, and a claim, which
+    is never sent twice, would fail on it. The socket itself knows at once.
+    """
+    sock = getattr(conn, "_sock", None)  # a sync connection
+    if sock is None:
+        writer = getattr(conn, "_writer", None)  # an asyncio one
+        sock = None if writer is None else writer.transport.get_extra_info("socket")
+    if sock is None:
+        return None
+    try:
+        fd = sock.fileno()
+    except OSError:
+        return True
+    if fd < 0:
+        return True
+    if _HAS_POLL:
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        return bool(poller.poll(0))
+    readable, _, _ = select.select([fd], [], [], 0)  # Windows: no poll()
+    return bool(readable)
+
+
+_HAS_POLL = hasattr(select, "poll")
 
 
 class Gate(Protocol):

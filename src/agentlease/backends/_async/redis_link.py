@@ -12,8 +12,10 @@ that carry a request nonce the scripts recognise (a replayed write is answered a
 as a lost lease). A claim is not sent again: a lost reply would lease tasks nobody holds, which
 the reaper requeues once their lease runs out. After that the caller gets BackendUnavailable.
 
-A script the server does not know (NOSCRIPT: a restart, a failover, ``SCRIPT FLUSH``) is loaded
-on every primary and the call sent again.
+A script the server does not know (NOSCRIPT: a restart, a failover, ``SCRIPT FLUSH``) was not
+run: the call is sent again whole (EVAL with the script's text), to the node it was meant for,
+which runs it and keeps it for the next EVALSHA. Nothing is loaded anywhere else, so on a Redis
+Cluster a master that is down costs only the calls to its own queues.
 
 On a plain Redis (not a cluster), scripts go over a connection the link keeps checked out of
 redis-py's pool for its own use: packed by hiredis (as redis-py's own serializer does, without
@@ -86,8 +88,10 @@ class RedisLink:
         # Scripts: through the link's own connection on a plain Redis (see the module docstring).
         self._execute: Any = self._command
         self._pool: Any = None
+        self._take: tuple[str, ...] = ()
         if _PACK is not None and not isinstance(client, _redis_url.redis_asyncio.RedisCluster):
             self._pool = client.connection_pool
+            self._take = _redis_url.pool_args(self._pool)
             self._execute = self._direct
         self._own: Any = None  # the connection, once taken from the pool
         self._forks = _redis_url.forks()  # in the process that took it
@@ -103,7 +107,7 @@ class RedisLink:
             conn = self._own
             if conn is None or self._forks != _redis_url.forks():
                 self._forks = _redis_url.forks()  # a forked child takes its own (the pool resets)
-                conn = self._own = await self._pool.get_connection()
+                conn = self._own = await self._pool.get_connection(*self._take)
             await self._check(conn)
             try:
                 await conn.send_packed_command([_PACK(call)])  # type: ignore[misc]
@@ -119,13 +123,18 @@ class RedisLink:
 
     @staticmethod
     async def _check(conn: Any) -> None:
-        """Before a call, as the pool checks a connection it hands out: one with something to
-        read (the server closed it while idle: a restart, its ``timeout``) is closed, and
-        ``send_command`` connects again, so that a call never goes out on a dead socket."""
-        try:
-            stale = await conn.can_read()
-        except (rx.ConnectionError, rx.TimeoutError, OSError):
-            stale = True
+        """Before a call: a connection the server closed while it sat idle (a restart, its
+        ``timeout``) is closed, and ``send_packed_command`` connects again, so that a call never
+        goes out on a dead socket."""
+        stale = _redis_url.closed_while_idle(conn)
+        if stale is None:  # not connected (or no socket to see): ask redis-py, as its pool does
+            # Its asyncio connections have can_read only from redis-py 8.0 (before:
+            # can_read_destructive, which 8.0 deprecates); its sync ones have always had it.
+            probe = getattr(conn, "can_read", None) or conn.can_read_destructive
+            try:
+                stale = await probe()
+            except (rx.RedisError, OSError):
+                stale = True
         if stale:
             await conn.disconnect()
 
@@ -136,15 +145,20 @@ class RedisLink:
         finally:
             await self._pool.release(conn)
 
-    async def _recover(self, exc: Exception, send: Callable[[], Any], retry: bool) -> Any:
-        """After ``exc``: ``send()`` again until it succeeds or may not be repeated."""
+    async def _recover(
+        self,
+        exc: Exception,
+        send: Callable[[], Any],
+        retry: bool,
+        whole: Callable[[], Any] | None = None,
+    ) -> Any:
+        """After ``exc``: ``send()`` again until it succeeds or may not be repeated; ``whole()``
+        instead once the server says it does not know the script (it was not run)."""
         started = time.monotonic()
         pause = BACKOFF
-        loaded = False
         while True:
-            if isinstance(exc, rx.NoScriptError) and not loaded:
-                await self._load_scripts()
-                loaded = True
+            if isinstance(exc, rx.NoScriptError) and whole is not None:
+                send, whole = whole, None
             else:
                 late = time.monotonic() - started + pause > RETRY_WINDOW
                 if late or not _repeatable(exc, retry):
@@ -156,30 +170,24 @@ class RedisLink:
             except _ERRORS as again:
                 exc = again
 
-    async def _load_scripts(self) -> None:
-        for script in SCRIPTS.values():
-            await self.client.script_load(script.text)
-
     async def _pipeline(self, calls: Sequence[Call]) -> list[Any]:
         results: list[Any] = [None] * len(calls)
         pending = list(range(len(calls)))
-        loaded = False
+        whole = False  # scripts by SHA first; those the server does not know, then by text
         while pending:
             pipe: Any = self.client.pipeline(transaction=False)
             for i in pending:
-                pipe.execute_command(*_expand(calls[i]))
+                pipe.execute_command(*_expand(calls[i], whole))
             replies = await pipe.execute(raise_on_error=False)
             missing = []
             for i, reply in zip(pending, replies, strict=True):
-                if isinstance(reply, rx.NoScriptError) and not loaded:
+                if isinstance(reply, rx.NoScriptError) and not whole:
                     missing.append(i)
                 elif isinstance(reply, _ERRORS):
                     raise reply
                 else:
                     results[i] = reply
-            if missing:
-                await self._load_scripts()
-                loaded = True
+            whole = True
             pending = missing
         return results
 
@@ -189,7 +197,12 @@ class RedisLink:
         try:
             return await self._execute(*call)
         except _ERRORS as exc:
-            return await self._recover(exc, lambda: self._execute(*call), retry)
+            return await self._recover(
+                exc,
+                lambda: self._execute(*call),
+                retry,
+                lambda: self._execute("EVAL", SCRIPTS[name].text, *call[2:]),
+            )
 
     async def command(self, *args: Any) -> Any:
         """Run one plain command (safe to repeat) and return its reply."""
@@ -203,7 +216,7 @@ class RedisLink:
         not as a transaction.
 
         Script calls are given as ``("EVALSHA", name, keys, args)`` and sent by SHA; those the
-        server did not know are loaded and sent again.
+        server did not know are sent again with the script's text.
         """
         if not calls:
             return []
@@ -219,13 +232,18 @@ class RedisLink:
             conn, self._own = self._own, None
             if conn is not None and self._forks == _redis_url.forks():
                 await self._pool.release(conn)
-            await self.client.aclose()
+            await _redis_url.closer(self.client)()
         except _ERRORS as exc:
             raise _redis_url.translate(self.url, exc) from exc
 
 
-def _expand(call: Call) -> Call:
+def _expand(call: Call, whole: bool = False) -> Call:
+    """A call of :meth:`RedisLink.many` as redis-py takes it: a script by SHA, or by its text
+    (``whole``)."""
     if call[0] == "EVALSHA":
         _, name, keys, args = call
-        return ("EVALSHA", SCRIPTS[name].sha, len(keys), *keys, *args)
+        script = SCRIPTS[name]
+        if whole:
+            return ("EVAL", script.text, len(keys), *keys, *args)
+        return ("EVALSHA", script.sha, len(keys), *keys, *args)
     return call
