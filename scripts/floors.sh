@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# The Redis and PostgreSQL contract tests once more, on the oldest driver versions that
+# pyproject.toml declares (redis, hiredis, psycopg, psycopg-binary, psycopg-pool pinned to
+# their ">=" floors), in a venv of their own: a floor that is declared is a floor that is tested.
+#
+# The venv ($AGENTLEASE_FLOORS_VENV, default /tmp/agentlease-floors-venv) is reused while the
+# requirements it was built from are unchanged. Extra arguments go to pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+venv="${AGENTLEASE_FLOORS_VENV:-/tmp/agentlease-floors-venv}"
+
+# Every dependency of agentlease and of its test extra, the drivers pinned to their floors.
+requirements="$(python - <<'PY'
+import re
+import tomllib
+
+FLOORS = {"redis", "hiredis", "psycopg", "psycopg-binary", "psycopg-pool"}
+project = tomllib.load(open("pyproject.toml", "rb"))["project"]
+extras = project["optional-dependencies"]
+lines = [*project["dependencies"], *extras["redis"], *extras["postgres"], *extras["test"]]
+lines = [line for line in lines if not line.startswith("agentlease")] + ["hatchling", "editables"]
+out, pinned = [], set()
+for line in lines:
+    match = re.fullmatch(r"([A-Za-z0-9_.-]+)(\[[^\]]*\])?(.*)", line.replace(" ", ""))
+    name, extra, spec = match.groups()
+    if name.lower() in FLOORS:
+        floor = re.fullmatch(r">=([0-9][0-9.]*)", spec)
+        if floor is None:
+            raise SystemExit(f"{line!r}: a driver needs one '>=' floor in pyproject.toml")
+        out.append(f"{name}=={floor.group(1)}")  # the extra's packages are listed on their own
+        pinned.add(name.lower())
+    else:
+        out.append(line)
+if pinned != FLOORS:
+    raise SystemExit(f"pyproject.toml declares no floor for {sorted(FLOORS - pinned)}")
+print("\n".join(out))
+PY
+)"
+
+if [[ ! -x "$venv/bin/python" ]] || [[ "$(cat "$venv/floors.txt" 2>/dev/null)" != "$requirements" ]]; then
+    rm -rf "$venv"
+    python -m venv "$venv"
+    "$venv/bin/python" -m pip install -q -r /dev/stdin <<<"$requirements"
+    printf '%s' "$requirements" >"$venv/floors.txt"
+fi
+# This checkout (the venv may have been built from another one); its dependencies are above.
+"$venv/bin/python" -m pip install -q --no-deps --no-build-isolation -e .
+"$venv/bin/python" -m pip list 2>/dev/null | grep -iE '^(redis|hiredis|psycopg|psycopg-binary|psycopg-pool) '
+
+export AGENTLEASE_REQUIRE_SERVICES=1
+exec "$venv/bin/python" -m pytest tests/contract -k "redis or postgres" -q -p no:cacheprovider "$@"
