@@ -54,8 +54,11 @@ def _state_ok(port: int) -> bool:
     return "cluster_state:ok" in text
 
 
-def start(masters: int = 3, timeout: float = 30.0) -> Cluster:
-    """Start a cluster of ``masters`` nodes; raises :class:`CannotStart` if it cannot."""
+def start(
+    masters: int = 3, timeout: float = 30.0, options: dict[str, str] | None = None
+) -> Cluster:
+    """Start a cluster of ``masters`` nodes, each with ``options`` (``--name value`` settings)
+    over the defaults; raises :class:`CannotStart` if it cannot."""
     for binary in ("redis-server", "redis-cli"):
         if shutil.which(binary) is None:
             raise CannotStart(f"{binary} is not installed")
@@ -70,6 +73,7 @@ def start(masters: int = 3, timeout: float = 30.0) -> Cluster:
                     "cluster-config-file": "nodes.conf",
                     "cluster-node-timeout": "5000",
                     "appendonly": "no",
+                    **(options or {}),
                 },
             )
             nodes.append(node.start())
