@@ -106,8 +106,50 @@ WORKER = textwrap.dedent(
 )
 
 
+# The same worker on the asyncio face: an AsyncWorker, an async handler that reports progress.
+ASYNC_WORKER = textwrap.dedent(
+    """
+    import asyncio, os, sys
+    import agentlease as al
+
+    url, ledger = sys.argv[1], sys.argv[2]
+
+    async def handle(ctx):
+        try:
+            await ctx.progress({"step": 1})
+        except al.AgentLeaseError:
+            pass  # the store is down (or the lease lost): the worker's writes will say so
+        await asyncio.sleep(0.04)
+        line = f"{ctx.task_id} {ctx.attempt} {os.getpid()}\\n".encode()
+        fd = os.open(ledger, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        try:
+            os.write(fd, line)
+        finally:
+            os.close(fd)
+        return {"attempt": ctx.attempt}
+
+    async def main():
+        queue = al.AsyncQueue.connect(url, settings=al.QueueSettings(lease_for=3.0))
+        worker = al.AsyncWorker(
+            queue, "jobs", handle,
+            settings=al.WorkerSettings(concurrency=4, poll_interval=0.2, shutdown_grace=5.0),
+        )
+        await worker.run()
+        await queue.close()
+        print(worker.processed)
+
+    asyncio.run(main())
+    """
+)
+
+
 def _restart_run(
-    server: _private_postgres.PrivatePostgres, url: str, tmp_path: Path, mode: str, tasks: int
+    server: _private_postgres.PrivatePostgres,
+    url: str,
+    tmp_path: Path,
+    mode: str,
+    tasks: int,
+    script: str = WORKER,
 ) -> None:
     ledger = tmp_path / "ledger.txt"
     producer = al.Queue.connect(url)
@@ -116,7 +158,7 @@ def _restart_run(
     with contextlib.ExitStack() as files:
         workers = [
             subprocess.Popen(
-                [sys.executable, "-c", WORKER, url, str(ledger)],
+                [sys.executable, "-c", script, url, str(ledger)],
                 cwd=ROOT,
                 # Files, not pipes: a chatty worker must never block on a full pipe.
                 stdout=files.enter_context(out.open("w")),
@@ -127,6 +169,7 @@ def _restart_run(
         before = _drive(server, url, workers, producer, mode, tasks, ledger)
     for w, (_, err) in zip(workers, logs, strict=True):
         assert w.returncode == 0, err.read_text()[-3000:]
+        assert "Traceback" not in err.read_text(), err.read_text()[-3000:]
     processed = sum(int(out.read_text().split()[-1]) for out, _ in logs)
     assert processed >= tasks
     _check(producer, ids, ledger, before)
@@ -206,6 +249,13 @@ def test_workers_survive_a_server_restart(
     server: _private_postgres.PrivatePostgres, url: str, tmp_path: Path, mode: str, tasks: int
 ) -> None:
     _restart_run(server, url, tmp_path, mode, tasks)
+
+
+@pytest.mark.slow
+def test_asyncio_workers_survive_a_server_restart(
+    server: _private_postgres.PrivatePostgres, url: str, tmp_path: Path
+) -> None:
+    _restart_run(server, url, tmp_path, "fast", 300, ASYNC_WORKER)
 
 
 # -- migrations ----------------------------------------------------------------------------------

@@ -2,7 +2,8 @@
 
 Memory primitives never block, so they run inline on the event loop. SQLite primitives may wait
 for the database lock, so they run on one dedicated thread that owns the connection; the event
-loop never blocks on the store.
+loop never blocks on the store. Once closed, every primitive raises BackendUnavailable, as the
+other stores do (never the executor's RuntimeError).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from agentlease._records import (
     StateRecord,
     Task,
 )
-from agentlease.errors import LeaseLost, UnknownTask
+from agentlease.errors import BackendUnavailable, LeaseLost, UnknownTask
 
 if TYPE_CHECKING:
     from agentlease.backends.base import Backend
@@ -66,10 +67,13 @@ class ThreadedAsyncBackend:
             if inline
             else ThreadPoolExecutor(max_workers=1, thread_name_prefix="agentlease-store")
         )
+        self._closed = False
 
     async def _run(self, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
         if self._executor is None:
             return fn(*args, **kwargs)
+        if self._closed:
+            raise BackendUnavailable(f"{self.url}: this backend is closed")
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, functools.partial(fn, *args, **kwargs))
 
@@ -193,8 +197,13 @@ class ThreadedAsyncBackend:
         if self._executor is None:
             self._sync.close()
             return
-        await self._run(self._sync.close)
-        self._executor.shutdown(wait=False)
+        if self._closed:
+            return
+        try:
+            await self._run(self._sync.close)
+        finally:
+            self._closed = True
+            self._executor.shutdown(wait=False)
 
     async def wait_for_work(self, queue: str, timeout: float) -> None:
         """No notifications here: wait out the timeout (the worker's poll interval)."""

@@ -462,7 +462,10 @@ class SQLiteBackend(SQLiteKeys, SQLiteState):
 
     def close(self) -> None:
         with self._lock:
-            self._db.close()
+            try:
+                self._db.close()
+            except sqlite3.Error as exc:
+                raise _translate(self.path, exc) from exc
 
     def twin(self, timeout: float | None = None) -> SQLiteBackend:
         """Another connection to the same database (waiting at most ``timeout`` seconds for the

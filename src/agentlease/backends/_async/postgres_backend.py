@@ -430,7 +430,10 @@ class AsyncPostgresBackend(PostgresKeys, PostgresState):
         async with self._lock:
             pool, self._pool = self._pool, None
         if pool is not None:
-            await pool.close()
+            try:
+                await pool.close()
+            except psycopg.Error as exc:
+                raise translate(self.settings, exc) from exc
 
     # -- twins ----------------------------------------------------------------------------------
 

@@ -432,7 +432,10 @@ class PostgresBackend(PostgresKeys, PostgresState):
         with self._lock:
             pool, self._pool = self._pool, None
         if pool is not None:
-            pool.close()
+            try:
+                pool.close()
+            except psycopg.Error as exc:
+                raise translate(self.settings, exc) from exc
 
     # -- twins ----------------------------------------------------------------------------------
 
