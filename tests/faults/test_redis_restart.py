@@ -460,3 +460,45 @@ def test_a_payload_over_the_limit_writes_nothing(private_redis) -> None:
     finally:
         q.close()
         raw.close()
+
+
+# -- a server that cannot run calls for a while ------------------------------------------------
+
+
+def test_a_server_busy_with_a_long_script_is_unavailable_not_broken(private_redis) -> None:
+    """BUSY (another client's script has run past busy-reply-threshold) means the call was not
+    run: the caller gets BackendUnavailable, which a worker waits out, never a BackendError,
+    which would end its run as a permanent refusal."""
+    server = private_redis(**{"busy-reply-threshold": "50"})
+    q = al.Queue.connect(f"{server.url}?prefix=busy&socket_timeout=5")
+    q.enqueue("jobs", 1)
+    spinner = redis.Redis(port=server.port)
+    admin = redis.Redis(port=server.port)
+
+    def spin() -> None:
+        with contextlib.suppress(rx.RedisError):  # ended by SCRIPT KILL
+            spinner.eval("while true do end", 0)
+
+    loop = threading.Thread(target=spin, daemon=True)
+    try:
+        loop.start()
+        deadline = time.monotonic() + 10
+        while True:  # until the server answers BUSY
+            try:
+                admin.ping()
+            except rx.ResponseError:
+                break
+            assert time.monotonic() < deadline, "the script never made the server busy"
+            time.sleep(0.02)
+        for call in (lambda: q.stats("jobs"), lambda: q.claim("jobs"), lambda: q.enqueue("j", 1)):
+            exc, _ = _timed(call)
+            assert isinstance(exc, BackendUnavailable), repr(exc)
+            assert "BUSY" in str(exc)
+    finally:
+        with contextlib.suppress(rx.RedisError):
+            admin.script_kill()
+        loop.join(timeout=10)
+        spinner.close()
+        admin.close()
+    assert q.stats("jobs").counts == {"queued": 1}, "nothing ran while the server was busy"
+    q.close()

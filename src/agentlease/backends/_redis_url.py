@@ -63,6 +63,7 @@ from agentlease.errors import (
 __all__ = [
     "DRIVER_ERRORS",
     "PACK",
+    "REFUSED_REPLIES",
     "AsyncFace",
     "Gate",
     "RedisOptions",
@@ -367,13 +368,30 @@ _UNAVAILABLE = (
     rx.ConnectionError,  # also refused connections, LOADING (a refused login is handled first)
     rx.TimeoutError,
     rx.ReadOnlyError,  # a replica promoted, or a failover in progress
-    rx.ClusterDownError,
+    rx.ClusterError,  # the cluster is down, or redirections ran out during a failover
     rx.TryAgainError,
-    rx.MasterDownError,
     rx.SlotNotCoveredError,
+    rx.OutOfMemoryError,  # maxmemory reached: writes are refused until memory is freed
     rx.InvalidResponse,  # something that is not Redis answered
 )
-_UNAVAILABLE_REPLIES = ("NOAUTH", "WRONGPASS", "NOPERM", "LOADING", "READONLY", "MASTERDOWN")
+# Replies that say the server could not run the call now: a worker backs off and tries again
+# (a BackendError would end its run as a permanent refusal).
+_UNAVAILABLE_REPLIES = (
+    "NOAUTH",
+    "WRONGPASS",
+    "NOPERM",
+    "LOADING",
+    "READONLY",
+    "MASTERDOWN",
+    "CLUSTERDOWN",
+    "TRYAGAIN",
+    "BUSY ",  # another client's script or function has run too long
+    "MISCONF",  # the server cannot write its snapshot and refuses writes
+    "NOREPLICAS",
+    "OOM",
+)
+REFUSED_REPLIES = ("BUSY ", "LOADING", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN")
+"""Replies to a call the server did not run: safe to send again whatever the call."""
 
 
 def translate(url: str, exc: Exception) -> BackendError:

@@ -5,8 +5,8 @@ Written once for asyncio; ``backends/_sync/redis_link.py`` is generated from it.
 
 redis-py is told to retry nothing, because only the backend knows which calls are safe to send
 twice. Within about a second (50, 100, 200 ms apart), a call is sent again when Redis refused it
-without running it (LOADING, READONLY, TRYAGAIN, CLUSTERDOWN) or the connection could not be
-made; when a connection broke or timed out mid-call, the reply may be lost after the store
+without running it (LOADING, READONLY, TRYAGAIN, CLUSTERDOWN, BUSY) or the connection could not
+be made; when a connection broke or timed out mid-call, the reply may be lost after the store
 applied the call, so only calls marked ``retry`` are sent again: reads, extensions, and writes
 that carry a request nonce the scripts recognise (a replayed write is answered as applied, never
 as a lost lease). A claim is not sent again: a lost reply would lease tasks nobody holds, which
@@ -65,7 +65,7 @@ def _repeatable(exc: Exception, retry: bool) -> bool:
     """Whether a call that raised ``exc`` may be sent again."""
     if isinstance(exc, _FATAL):
         return False
-    if isinstance(exc, _REFUSED):
+    if isinstance(exc, _REFUSED) or str(exc).startswith(_redis_url.REFUSED_REPLIES):
         return True
     if isinstance(exc, _BROKEN):
         # redis-py says "... connecting to ..." when the connection was never made.
