@@ -476,3 +476,31 @@ def test_an_idle_worker_is_woken_by_an_enqueue_not_by_its_poll_interval(url: str
         thread.join(timeout=30)
         queue.close()
     assert not thread.is_alive()
+
+
+def test_a_read_only_server_is_unavailable_not_a_permanent_refusal(
+    server: _private_postgres.PrivatePostgres, url: str
+) -> None:
+    """A server that refuses writes as read-only (a standby, a failover under way) is an outage
+    that a worker waits out, as Redis's READONLY is: BackendUnavailable, not a BackendError,
+    which would end a worker's run as a permanent refusal."""
+    producer = al.Queue.connect(url)
+    producer.enqueue("jobs", 1)
+    role = f"ro_{uuid.uuid4().hex[:8]}"
+    schema = url.split("schema=")[1].split("&", maxsplit=1)[0]
+    with psycopg.connect(server.url(), autocommit=True) as conn:
+        conn.execute(f"CREATE ROLE {role} LOGIN".encode())
+        conn.execute(f"ALTER ROLE {role} SET default_transaction_read_only = on".encode())
+        conn.execute(f"GRANT USAGE ON SCHEMA {schema} TO {role}".encode())
+        conn.execute(f"GRANT ALL ON ALL TABLES IN SCHEMA {schema} TO {role}".encode())
+        conn.execute(f"GRANT ALL ON ALL SEQUENCES IN SCHEMA {schema} TO {role}".encode())
+    reader = al.Queue.connect(url.replace("postgresql://postgres@", f"postgresql://{role}@"))
+    try:
+        assert reader.stats("jobs").counts == {"queued": 1}  # reads still work
+        for call in (lambda: reader.enqueue("jobs", 2), lambda: reader.claim("jobs")):
+            with pytest.raises(BackendUnavailable, match="read-only"):
+                call()
+        assert producer.stats("jobs").counts == {"queued": 1}
+    finally:
+        reader.close()
+        producer.close()

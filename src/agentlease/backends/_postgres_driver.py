@@ -208,6 +208,9 @@ def channel(schema: str, queue: str) -> str:
 # -- errors ---------------------------------------------------------------------------------------
 
 _MISSING = (errors.UndefinedTable, errors.UndefinedFunction, errors.InvalidSchemaName)
+# A server that cannot take writes now (a standby, a failover under way), as Redis's READONLY:
+# an outage to wait out, not a permanent refusal.
+_NOT_NOW = errors.ReadOnlySqlTransaction
 MIGRATE_HINT = "run: agentlease migrate --backend URL"
 # A refused login carries no SQLSTATE in psycopg (libpq keeps none for connection failures), so
 # it is known by libpq's and the server's words (a server that reports in another language
@@ -228,11 +231,11 @@ def translate(settings: PostgresSettings, exc: psycopg.Error) -> BackendError:
     """The one place where psycopg errors become agentlease errors.
 
     Callers ``raise translate(settings, exc) from exc`` so the driver's error stays the cause.
-    Connection failures, timeouts, shutdowns and a closed pool are :class:`BackendUnavailable`
-    (transient). What retrying cannot fix is a :class:`BackendRefused` (permanent): a refused
-    login (:class:`AuthenticationFailed`), a missing privilege (:class:`PermissionDenied`), a
-    missing database, and a schema without the agentlease tables
-    (:class:`SchemaNotMigrated`, whose message says how to fix it).
+    Connection failures, timeouts, shutdowns, a closed pool and a read-only server (a standby,
+    a failover under way) are :class:`BackendUnavailable` (transient). What retrying cannot fix
+    is a :class:`BackendRefused` (permanent): a refused login (:class:`AuthenticationFailed`), a
+    missing privilege (:class:`PermissionDenied`), a missing database, and a schema without the
+    agentlease tables (:class:`SchemaNotMigrated`, whose message says how to fix it).
     """
     detail = " ".join(str(exc).split()) or type(exc).__name__
     where = f"PostgreSQL {settings.display}"
@@ -256,7 +259,7 @@ def translate(settings: PostgresSettings, exc: psycopg.Error) -> BackendError:
             f"(the server is down or unreachable, or all pool_max={settings.pool_max} "
             "connections of this client are busy)"
         )
-    if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
+    if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError | _NOT_NOW):
         return BackendUnavailable(f"{where} is unavailable: {detail}")
     return BackendError(f"{where}: {type(exc).__name__}: {detail}")
 
