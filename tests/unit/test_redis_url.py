@@ -146,7 +146,10 @@ def test_connect_does_no_io() -> None:
         (rx.ClusterDownError("CLUSTERDOWN The cluster is down"), BackendUnavailable),
         (rx.TryAgainError("TRYAGAIN"), BackendUnavailable),
         (rx.ResponseError("ERR Error running script"), BackendError),
-        (rx.OutOfMemoryError("OOM command not allowed"), BackendError),
+        # maxmemory reached: like a full disk on PostgreSQL, an outage a worker waits out.
+        (rx.OutOfMemoryError("OOM command not allowed"), BackendUnavailable),
+        (rx.ResponseError("BUSY Redis is busy running a script."), BackendUnavailable),
+        (rx.ResponseError("MISCONF Redis is configured to save RDB snapshots"), BackendUnavailable),
     ],
 )
 def test_driver_errors_are_translated(error: Exception, kind: type[BackendError]) -> None:
