@@ -1,11 +1,12 @@
 """Redis Cluster: one master SIGKILLed and restarted under running workers.
 
 Queues whose hash slots live on the healthy masters keep being claimed and completed during the
-outage, on both faces; the down shard's calls fail with BackendUnavailable, and its queue picks
-up where it was once its master is back (append-only file, ``appendfsync always``). The healthy
-masters' script caches are flushed when the outage starts, as if they had restarted or failed
-over earlier: their first calls must not need the down master (a script the server does not know
-is sent again to its own node, never loaded on every master).
+outage, on both faces, even though the master that goes down is the one the URL names; the down
+shard's calls fail with BackendUnavailable, and its queue picks up where it was once its master
+is back (append-only file, ``appendfsync always``). The healthy masters' script caches are
+flushed when the outage starts, as if they had restarted or failed over earlier: their first
+calls must not need the down master (a script the server does not know is sent again to its own
+node, never loaded on every master).
 
 The private cluster runs with ``cluster-require-full-coverage no``: with Redis's default, the
 cluster itself refuses every key once a master has been down for ``cluster-node-timeout``.
@@ -103,7 +104,9 @@ def test_healthy_shards_keep_running_while_one_master_is_down(
     healthy = [queue_of[n.port] for n in cluster.nodes if n is not down]
     lost = queue_of[down.port]
 
-    url = f"{cluster.url}&prefix={PREFIX}&connect_timeout=1&socket_timeout=2"
+    # The URL names the master that goes down: the clients know the others from its slot map.
+    url = f"redis://127.0.0.1:{down.port}/0?cluster=1&prefix={PREFIX}"
+    url += "&connect_timeout=1&socket_timeout=2"
     producer = al.Queue.connect(url)
     for queue in queue_of.values():
         producer.enqueue_many(
