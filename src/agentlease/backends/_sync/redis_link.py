@@ -27,7 +27,9 @@ retry wrapper, metrics hooks): about half of the client's time per call. One cal
 uses that connection; a caller that finds it busy (another thread, or another task of the event
 loop) goes through the client and the pool as before, so nobody waits for it. A connection that
 failed or was interrupted mid-call (a broken socket, a timeout, a cancelled task) is closed and
-given back, and the next call takes a fresh one; a forked child never uses its parent's. Plain
+given back, and the next call takes a fresh one; one the server closed while it sat idle is seen
+by polling its socket before the call goes out, and reconnected; a forked child never uses its
+parent's. Plain
 commands, whose replies redis-py reshapes, and pipelines always go through the client.
 """
 
