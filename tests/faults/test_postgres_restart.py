@@ -482,8 +482,8 @@ def test_a_read_only_server_is_unavailable_not_a_permanent_refusal(
     server: _private_postgres.PrivatePostgres, url: str
 ) -> None:
     """A server that refuses writes as read-only (a standby, a failover under way) is an outage
-    that a worker waits out, as Redis's READONLY is: BackendUnavailable, not a BackendError,
-    which would end a worker's run as a permanent refusal."""
+    that callers and workers wait out, as Redis's READONLY is: BackendUnavailable, not a
+    BackendError, which says the call itself failed."""
     producer = al.Queue.connect(url)
     producer.enqueue("jobs", 1)
     role = f"ro_{uuid.uuid4().hex[:8]}"

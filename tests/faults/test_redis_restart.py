@@ -467,8 +467,8 @@ def test_a_payload_over_the_limit_writes_nothing(private_redis) -> None:
 
 def test_a_server_busy_with_a_long_script_is_unavailable_not_broken(private_redis) -> None:
     """BUSY (another client's script has run past busy-reply-threshold) means the call was not
-    run: the caller gets BackendUnavailable, which a worker waits out, never a BackendError,
-    which would end its run as a permanent refusal."""
+    run: the caller gets BackendUnavailable, an outage to wait out, not a BackendError, which
+    says the call itself failed."""
     server = private_redis(**{"busy-reply-threshold": "50"})
     q = al.Queue.connect(f"{server.url}?prefix=busy&socket_timeout=5")
     q.enqueue("jobs", 1)

@@ -374,8 +374,8 @@ _UNAVAILABLE = (
     rx.OutOfMemoryError,  # maxmemory reached: writes are refused until memory is freed
     rx.InvalidResponse,  # something that is not Redis answered
 )
-# Replies that say the server could not run the call now: a worker backs off and tries again
-# (a BackendError would end its run as a permanent refusal).
+# Replies that say the server could not run the call now: an outage, which callers and workers
+# wait out, not an error in the call.
 _UNAVAILABLE_REPLIES = (
     "NOAUTH",
     "WRONGPASS",
