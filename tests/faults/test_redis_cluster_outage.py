@@ -91,15 +91,17 @@ def test_healthy_shards_keep_running_while_one_master_is_down(
     cluster: _redis_cluster.Cluster, tmp_path: Path, face: str
 ) -> None:
     owners = _owners(cluster)
-    # One queue per master; the master that goes down holds neither global key (the id index
-    # and the queue set, which every enqueue writes), so enqueues go on during the outage.
+    # One queue per master; the master that goes down holds no global key (the id index and the
+    # queue set, which every enqueue writes, and the layout version, which every new client reads
+    # first), so enqueues go on during the outage.
     queue_of: dict[int, str] = {}
     for i in range(10_000):
         node = owners[key_slot(f"{{{PREFIX}:q{i}}}".encode())]
         queue_of.setdefault(node.port, f"q{i}")
         if len(queue_of) == len(cluster.nodes):
             break
-    global_ports = {owners[key_slot(f"{PREFIX}:{k}".encode())].port for k in ("ids", "queues")}
+    global_keys = [f"{PREFIX}:{k}".encode() for k in ("ids", "queues", "layout")]
+    global_ports = {owners[key_slot(key)].port for key in global_keys}  # two masters of three
     down = next(n for n in cluster.nodes if n.port not in global_ports)
     healthy = [queue_of[n.port] for n in cluster.nodes if n is not down]
     lost = queue_of[down.port]
