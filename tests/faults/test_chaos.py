@@ -77,16 +77,6 @@ FAULTS = {
 }
 
 
-# Until the fix lands: after a Redis restart the first EVALSHA gets NOSCRIPT, and
-# RedisLink._recover reloads the scripts outside its error translation, so a cut or reset
-# connection then raises redis.exceptions.ConnectionError out of complete() (a job task dies:
-# "Task exception was never retrieved") or out of claim() (the worker exits).
-KNOWN_REDIS_BUG = pytest.mark.xfail(
-    strict=False,
-    reason="untranslated redis ConnectionError from RedisLink._load_scripts after a restart",
-)
-
-
 def face_of(seed: int) -> str:
     return FACES[seed % 2]
 
@@ -97,8 +87,7 @@ def params() -> list[object]:
             backend,
             seed,
             id=f"{backend}-seed{seed}-{face_of(seed)}",
-            marks=([pytest.mark.deep] if seed >= 3 else [])
-            + ([KNOWN_REDIS_BUG] if backend == "redis" else []),
+            marks=[pytest.mark.deep] if seed >= 3 else [],
         )
         for backend in BACKENDS
         for seed in SEEDS
