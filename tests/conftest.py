@@ -8,15 +8,19 @@ server is unreachable, unless AGENTLEASE_REQUIRE_SERVICES=1, which turns that sk
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 import agentlease as al
 from agentlease.backends.memory import MemoryBackend
 from tests import _services
+
+if TYPE_CHECKING:
+    from tests._private_redis import PrivateRedis
 
 REQUIRE_SERVICES = os.environ.get("AGENTLEASE_REQUIRE_SERVICES") == "1"
 EMBEDDED = ["memory", "sqlite"]
@@ -122,6 +126,27 @@ def served_url_postgres() -> Iterator[str]:
     schema = _services.namespace()
     yield _services.with_option(_services.POSTGRES_URL, "schema", schema)
     _services.drop_postgres_schema(schema)
+
+
+@pytest.fixture
+def private_redis(tmp_path: Path) -> Iterator[Callable[..., PrivateRedis]]:
+    """Start private ``redis-server`` processes, ``private_redis(**options)``, for a test that
+    breaks, pauses or configures its server (stopped at the end of the test)."""
+    from tests._private_redis import CannotStart, PrivateRedis
+
+    started: list[PrivateRedis] = []
+
+    def start(**options: str) -> PrivateRedis:
+        try:
+            server = PrivateRedis(tmp_path / f"redis{len(started)}", options=options).start()
+        except CannotStart as exc:
+            unavailable("private redis-server", exc.reason)
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
 
 
 @pytest.fixture

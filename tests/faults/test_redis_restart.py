@@ -17,7 +17,7 @@ import textwrap
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +29,7 @@ import agentlease as al
 from agentlease import BackendUnavailable, InvalidName, LeaseLost, PayloadTooLarge, QueueSettings
 from agentlease._demo.ledger import read_ledgers
 from agentlease._demo.scenario import DemoConfig, run_demo
-from tests._private_redis import CannotStart, PrivateRedis, free_port
-from tests.conftest import unavailable
+from tests._private_redis import free_port
 
 DURABLE = {"appendonly": "yes", "appendfsync": "always"}
 SEEDS = list(range(4)) if os.environ.get("AGENTLEASE_DEEP") == "1" else [0]
@@ -120,24 +119,6 @@ _ASYNC_WORKER = textwrap.dedent(
     """
 )
 WORKERS = {"sync": _WORKER, "async": _ASYNC_WORKER}
-
-
-@pytest.fixture
-def private_redis(tmp_path: Path) -> Iterator[Callable[..., PrivateRedis]]:
-    """Start private servers (stopped at the end of the test)."""
-    started: list[PrivateRedis] = []
-
-    def start(**options: str) -> PrivateRedis:
-        try:
-            server = PrivateRedis(tmp_path / f"redis{len(started)}", options=options).start()
-        except CannotStart as exc:
-            unavailable("private redis-server", exc.reason)
-        started.append(server)
-        return server
-
-    yield start
-    for server in started:
-        server.stop()
 
 
 def _timed(call: Callable[[], object]) -> tuple[BaseException | None, float]:

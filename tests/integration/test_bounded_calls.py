@@ -7,14 +7,13 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 import agentlease as al
-from tests._private_redis import CannotStart, PrivateRedis
-from tests.conftest import unavailable
+from tests._private_redis import PrivateRedis
 
 BOUND = 1.0
 
@@ -85,24 +84,13 @@ def test_postgres_heartbeat_statements_are_bounded(served_url_postgres: str) -> 
     _bounded_extend(served_url_postgres, hold, release)
 
 
-@pytest.fixture
-def private_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
-    try:
-        server = PrivateRedis(tmp_path / "redis").start()
-    except CannotStart as exc:
-        unavailable("private redis-server", exc.reason)
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
 def test_redis_heartbeat_replies_are_awaited_no_longer_than_the_bound(
-    private_redis: PrivateRedis,
+    private_redis: Callable[..., PrivateRedis],
 ) -> None:
     import redis
 
-    admin = redis.Redis(port=private_redis.port)
+    server = private_redis()
+    admin = redis.Redis(port=server.port)
 
     def hold() -> None:
         admin.execute_command("CLIENT", "PAUSE", int((BOUND + 1.5) * 1000), "ALL")
@@ -111,6 +99,6 @@ def test_redis_heartbeat_replies_are_awaited_no_longer_than_the_bound(
         admin.execute_command("CLIENT", "UNPAUSE")
 
     try:
-        _bounded_extend(private_redis.url + "?socket_timeout=30", hold, release)
+        _bounded_extend(server.url + "?socket_timeout=30", hold, release)
     finally:
         admin.close()

@@ -16,8 +16,7 @@ import asyncio
 import os
 import threading
 from collections import Counter
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -25,8 +24,7 @@ import redis
 
 import agentlease as al
 from agentlease.backends.lua import queue_keys
-from tests._private_redis import CannotStart, PrivateRedis
-from tests.conftest import unavailable
+from tests._private_redis import PrivateRedis
 
 
 def _drain(q: al.Queue, queue: str, seen: list[str]) -> None:
@@ -160,22 +158,10 @@ def test_a_forked_child_never_uses_its_parents_socket(served_url_redis: str) -> 
         q.close()
 
 
-@pytest.fixture
-def paused_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
-    """A private server (a test may pause it)."""
-    try:
-        server = PrivateRedis(tmp_path / "redis").start()
-    except CannotStart as exc:
-        unavailable("private redis-server", exc.reason)
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
 async def test_a_call_cancelled_mid_reply_leaves_no_stale_reply(
-    paused_redis: PrivateRedis,
+    private_redis: Callable[..., PrivateRedis],
 ) -> None:
+    paused_redis = private_redis()  # a private server: the test pauses it
     url = paused_redis.url + "?prefix=cancel"
     q = al.AsyncQueue.connect(url)
     admin = redis.Redis(port=paused_redis.port)
@@ -221,14 +207,15 @@ async def test_concurrent_tasks_share_one_async_backend(served_url_redis: str) -
 
 
 async def test_scripts_the_server_forgot_run_again_without_script_load(
-    paused_redis: PrivateRedis,
+    private_redis: Callable[..., PrivateRedis],
 ) -> None:
     """After SCRIPT FLUSH (what a restart or a failover looks like), single calls and pipelines
     send the scripts' text once: nothing is loaded elsewhere, and a user who may not run SCRIPT
     LOAD (here: every SCRIPT subcommand denied) loses nothing."""
-    admin = redis.Redis(port=paused_redis.port)
+    server = private_redis()
+    admin = redis.Redis(port=server.port)
     admin.execute_command("ACL", "SETUSER", "agent", "on", ">pw", "~*", "+@all", "-script")
-    url = f"redis://agent:pw@127.0.0.1:{paused_redis.port}/0?prefix=forgot"
+    url = f"redis://agent:pw@127.0.0.1:{server.port}/0?prefix=forgot"
     sync_q = al.Queue.connect(url)
     async_q = al.AsyncQueue.connect(url)
     try:
