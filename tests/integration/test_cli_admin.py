@@ -465,3 +465,43 @@ def test_stats_show_hot_partitions(run) -> None:
     assert row["hot_partitions"] == [{"partition": "acct-7", "parked": 2}]
     assert "acct-7 (2 parked)" in ok(run("stats", "ledger")).stdout
     assert "partition key" in refused(run("enqueue", "ledger", "1", "--partition", "a b"))
+
+
+def test_the_worker_command_imports_no_other_command_no_rich_and_no_driver(tmp_path: Path) -> None:
+    """Start-up: ``agentlease worker`` on SQLite loads its own module only (no bench, demo or
+    admin tables, no rich, no Redis or PostgreSQL driver)."""
+    code = textwrap.dedent(
+        f"""
+        import sys
+        sys.argv = ["agentlease", "worker", "json:dumps", "--backend",
+                    "sqlite:///{tmp_path / "w.db"}", "-q", "q", "--burst"]
+        from agentlease.cli import main
+        try:
+            main()
+        except SystemExit as exc:
+            assert not exc.code, exc.code
+        prefixes = ("rich", "agentlease.cli", "agentlease._demo", "redis", "psycopg")
+        print(",".join(sorted(m for m in sys.modules if m.startswith(prefixes))))
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], check=True, capture_output=True, text=True, timeout=60
+    )
+    loaded = out.stdout.strip().split(",")
+    assert loaded == ["agentlease.cli", "agentlease.cli._app", "agentlease.cli.work"], loaded
+
+
+def test_every_command_is_known_to_the_lazy_group() -> None:
+    """The group's map names each command's module: a command added elsewhere is not lost."""
+    import importlib
+    import pkgutil
+
+    import agentlease.cli as package
+    from agentlease.cli._app import COMMANDS
+
+    for info in pkgutil.iter_modules(package.__path__):
+        importlib.import_module(f"agentlease.cli.{info.name}")
+    assert set(cli.commands) == set(COMMANDS)
+    for name, command in cli.commands.items():
+        assert command.callback is not None
+        assert command.callback.__module__ == f"agentlease.cli.{COMMANDS[name]}", name

@@ -1,29 +1,90 @@
-"""The click group every command registers on, and the options they share."""
+"""The click group every command registers on, the options they share, and error reporting.
+
+Commands are loaded lazily: the group knows which module defines each command and imports it
+only when that command runs (or help lists them), so ``agentlease worker`` never imports the
+bench, the demo or rich's tables. The consoles (rich) are made on first use for the same reason.
+"""
 
 from __future__ import annotations
 
+import functools
+import importlib
 import os
+import sys
 from collections.abc import Callable
-from typing import TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, ParamSpec, TypeVar
 
 import click
-from rich.console import Console
 
 from agentlease import __version__
+from agentlease.errors import AgentLeaseError
 
-__all__ = ["DEFAULT_URL", "backend_option", "cli", "console", "err_console"]
+if TYPE_CHECKING:
+    from rich.console import Console
+
+__all__ = [
+    "DEFAULT_URL",
+    "ERROR_STATUS",
+    "backend_option",
+    "cli",
+    "fail",
+    "reports_errors",
+]
 
 DEFAULT_URL = "sqlite:///agentlease.db"
+ERROR_STATUS = 2
 F = TypeVar("F", bound=Callable[..., object])
+P = ParamSpec("P")
+R = TypeVar("R")
 
-console = Console()
-err_console = Console(stderr=True)
+# Each command, and the module (under agentlease.cli) that defines it.
+COMMANDS = {
+    "bench": "bench",
+    "dead": "admin",
+    "demo": "demo",
+    "enqueue": "admin",
+    "inspect": "admin",
+    "keys": "keys",
+    "migrate": "migrate",
+    "stats": "admin",
+    "worker": "work",
+}
 
 
-@click.group()
+class _LazyGroup(click.Group):
+    """A group that imports a command's module only when the command is asked for."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*COMMANDS, *self.commands})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        module = COMMANDS.get(cmd_name)
+        if module is not None and cmd_name not in self.commands:
+            importlib.import_module(f"agentlease.cli.{module}")  # registers it on this group
+        return super().get_command(ctx, cmd_name)
+
+
+@click.group(cls=_LazyGroup)
 @click.version_option(__version__, prog_name="agentlease")
 def cli() -> None:
     """Leased work queues for many agents: nothing runs twice, nothing is lost."""
+
+
+@functools.cache
+def _console(stderr: bool) -> Console:
+    from rich.console import Console
+
+    return Console(stderr=stderr)
+
+
+def __getattr__(name: str) -> Any:
+    # ``console`` and ``err_console`` (rich consoles on stdout and stderr) are made on first use:
+    # importing rich costs start-up time that a worker should not pay.
+    if name == "console":
+        return _console(False)
+    if name == "err_console":
+        return _console(True)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def backend_option(fn: F) -> F:
@@ -35,3 +96,23 @@ def backend_option(fn: F) -> F:
         show_default="$AGENTLEASE_URL or " + DEFAULT_URL,
         help="Store URL: sqlite:///path.db, redis://host:6379/0, postgresql://user@host/db.",
     )(fn)
+
+
+def fail(message: str, *, status: int = ERROR_STATUS) -> NoReturn:
+    """Print ``message`` as one red line on stderr and exit with ``status``."""
+    line = " ".join(message.split())  # one line, whatever the message holds
+    click.secho(f"error: {line}", fg="red", err=True, color=None if sys.stderr.isatty() else False)
+    raise click.exceptions.Exit(status)
+
+
+def reports_errors(command: Callable[P, R]) -> Callable[P, R]:
+    """Wrap a command so that every agentlease error exits with status 2 and one red line."""
+
+    @functools.wraps(command)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return command(*args, **kwargs)
+        except AgentLeaseError as exc:
+            fail(str(exc) or type(exc).__name__)
+
+    return wrapper

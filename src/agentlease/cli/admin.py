@@ -7,13 +7,12 @@ Also home to what every command shares: :func:`reports_errors`, which turns any
 
 from __future__ import annotations
 
-import functools
 import os
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict
-from typing import IO, NoReturn, ParamSpec, TypeVar
+from typing import IO
 from urllib.parse import urlsplit
 
 import click
@@ -27,37 +26,20 @@ from agentlease._codec import JSON, encode
 from agentlease._records import STATES, QueueStats, Task, TaskSpec
 from agentlease._sync.queue import Queue
 from agentlease.backends import connect
-from agentlease.cli._app import backend_option, cli, console, err_console
-from agentlease.errors import AgentLeaseError, BackendUnavailable, InvalidInput, NotJSON
+from agentlease.cli._app import (
+    backend_option,
+    cli,
+    console,
+    err_console,
+    reports_errors,
+)
+from agentlease.errors import BackendUnavailable, InvalidInput, NotJSON
 
-__all__ = ["fail", "open_queue", "print_json", "reports_errors"]
+__all__ = ["open_queue", "print_json"]
 
-P = ParamSpec("P")
-R = TypeVar("R")
 
-ERROR_STATUS = 2
 CHUNK = 500  # tasks per enqueue step: short write locks, and a progress bar on big files
 ERROR_WIDTH = 160  # characters of an error shown in the dead-letter table
-
-
-def fail(message: str, *, status: int = ERROR_STATUS) -> NoReturn:
-    """Print ``message`` as one red line on stderr and exit with ``status``."""
-    line = " ".join(message.split())  # one line, whatever the message holds
-    err_console.print(Text(f"error: {line}", style="red"), soft_wrap=True)
-    raise click.exceptions.Exit(status)
-
-
-def reports_errors(command: Callable[P, R]) -> Callable[P, R]:
-    """Wrap a command so that every agentlease error exits with status 2 and one red line."""
-
-    @functools.wraps(command)
-    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-        try:
-            return command(*args, **kwargs)
-        except AgentLeaseError as exc:
-            fail(str(exc) or type(exc).__name__)
-
-    return wrapper
 
 
 def open_queue(url: str, *, must_exist: bool = False) -> Queue:

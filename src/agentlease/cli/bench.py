@@ -60,7 +60,7 @@ from agentlease._codec import JSON
 from agentlease.backends import connect
 from agentlease.backends.memory import MemoryBackend
 from agentlease.cli import _bench_served
-from agentlease.cli._app import cli, console, err_console
+from agentlease.cli._app import cli, console, err_console, reports_errors
 from agentlease.cli._bench_guards import DEFAULT_GUARDS, GuardRow, guards_table, local_guards
 from agentlease.cli._bench_keys import DEFAULT_CALLS, KeyRow, keys_table, local_keys
 from agentlease.cli._bench_loops import (
@@ -75,7 +75,7 @@ from agentlease.cli._bench_loops import (
     split,
     sqlite_synchronous,
 )
-from agentlease.cli.admin import print_json, reports_errors
+from agentlease.cli.admin import print_json
 from agentlease.errors import InvalidURL
 
 __all__ = ["Case", "Row", "run_bench"]

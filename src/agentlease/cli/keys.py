@@ -8,8 +8,8 @@ from rich.table import Table
 from agentlease._codec import JSON
 from agentlease._policy.keys import check_key
 from agentlease._records import KeyRecord
-from agentlease.cli._app import backend_option, cli, console
-from agentlease.cli.admin import open_queue, print_json, reports_errors
+from agentlease.cli._app import backend_option, cli, console, reports_errors
+from agentlease.cli.admin import open_queue, print_json
 
 __all__ = ["keys"]
 

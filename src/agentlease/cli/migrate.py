@@ -15,8 +15,7 @@ from urllib.parse import urlsplit
 import click
 
 from agentlease.backends import connect
-from agentlease.cli._app import backend_option, cli, console
-from agentlease.cli.admin import reports_errors
+from agentlease.cli._app import backend_option, cli, console, reports_errors
 
 __all__ = ["migrate"]
 

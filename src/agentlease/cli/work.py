@@ -12,15 +12,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import click
-from rich.logging import RichHandler
 
 from agentlease._policy.retry import RetryPolicy
 from agentlease._settings import QueueSettings
 from agentlease._sync.queue import Queue
 from agentlease._worker import Handler, Worker, WorkerSettings
 from agentlease.backends import Backend, connect
-from agentlease.cli._app import backend_option, cli, err_console
-from agentlease.cli.admin import reports_errors
+from agentlease.cli._app import backend_option, cli, reports_errors
 from agentlease.errors import BackendUnavailable, WorkerError
 
 __all__ = ["load_handler"]
@@ -63,11 +61,15 @@ def load_handler(spec: str) -> Handler:
 
 @contextmanager
 def _logging(verbose: bool) -> Iterator[None]:
-    """Log through rich on stderr while the worker runs: agentlease's events (every claim and
-    completion too with ``verbose``) and whatever the handlers log at INFO and above."""
+    """Log to stderr while the worker runs, one plain line per record: agentlease's events
+    (every claim and completion too with ``verbose``) and whatever the handlers log at INFO and
+    above."""
     root = logging.getLogger()
     ours = logging.getLogger("agentlease")
-    handler = RichHandler(console=err_console, show_path=False, rich_tracebacks=False)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s", "%H:%M:%S")
+    )
     saved = root.level, ours.level
     root.addHandler(handler)
     root.setLevel(logging.INFO)
