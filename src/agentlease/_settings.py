@@ -1,14 +1,16 @@
-"""Queue and idempotency settings: right defaults, nothing unbounded."""
+"""Queue, worker and idempotency settings: right defaults, nothing unbounded."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from agentlease._codec import DEFAULT_MAX_BYTES
+from agentlease._policy.retry import RetryPolicy
 from agentlease._records import LeaseTerms
-from agentlease._validate import duration, integer, optional_duration
+from agentlease._validate import duration, integer, non_negative, optional_duration
+from agentlease.errors import WorkerError
 
-__all__ = ["IdempotencySettings", "QueueSettings"]
+__all__ = ["IdempotencySettings", "QueueSettings", "WorkerSettings", "heartbeat_interval"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -78,3 +80,60 @@ class IdempotencySettings:
         duration(self.purge_every, "purge_every")
         integer(self.max_result_bytes, "max_result_bytes", low=16, high=512 * 1024 * 1024)
         integer(self.purge_batch, "purge_batch", low=1, high=1_000_000)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerSettings:
+    """How a worker runs.
+
+    Attributes:
+        concurrency: handlers running at once.
+        batch: claim up to all free slots in one step (``False``: one task per claim).
+        retry: what happens when a handler raises.
+        poll_interval: the longest idle wait between claims on an empty queue (seconds).
+        shutdown_grace: seconds running handlers get to finish after a stop.
+        heartbeat_interval: seconds between heartbeats (default: a third of the shorter of
+            the lease and the queue's ``progress_timeout``). It must leave at least two beats
+            in each of them, or the worker refuses to start with :class:`WorkerError`.
+        seed: seeds the jitter of backoff and heartbeats (for reproducible runs).
+    """
+
+    concurrency: int = 1
+    batch: bool = True
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    poll_interval: float = 0.5
+    shutdown_grace: float = 30.0
+    heartbeat_interval: float | None = None
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        integer(self.concurrency, "concurrency", low=1, high=10_000)
+        duration(self.poll_interval, "poll_interval")
+        non_negative(self.shutdown_grace, "shutdown_grace")
+        optional_duration(self.heartbeat_interval, "heartbeat_interval")
+
+
+def heartbeat_interval(worker: WorkerSettings, queue: QueueSettings) -> float:
+    """Seconds between heartbeats: a third of the shorter of the lease and the progress timeout,
+    so a task that reports progress stays alive whatever the two settings are.
+
+    Raises:
+        WorkerError: an explicit interval leaves fewer than two beats in the lease or in the
+            progress timeout.
+    """
+    window = queue.lease_for
+    if queue.progress_timeout is not None:
+        window = min(window, queue.progress_timeout)
+    if worker.heartbeat_interval is None:
+        return window / 3
+    if worker.heartbeat_interval * 2 > window:
+        raise WorkerError(
+            f"heartbeat_interval={worker.heartbeat_interval:g}s cannot keep a lease alive: "
+            f"it must be at most half of lease_for ({queue.lease_for:g}s)"
+            + (
+                f" and of progress_timeout ({queue.progress_timeout:g}s)"
+                if queue.progress_timeout is not None
+                else ""
+            )
+        )
+    return worker.heartbeat_interval

@@ -33,14 +33,13 @@ import contextlib
 import contextvars
 import functools
 import inspect
-import logging
 import random
 import signal
 import threading
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TypeAlias, cast
 
 from agentlease import _validate as check
@@ -49,10 +48,10 @@ from agentlease._codec import JSON
 from agentlease._context import AsyncJobContext, JobContext
 from agentlease._events import EventDispatcher, EventName, logger
 from agentlease._heartbeat import Heartbeat, Held
-from agentlease._policy.retry import RetryPolicy
+from agentlease._outage import Outage
 from agentlease._records import Job, Lease
 from agentlease._scope import enter_task
-from agentlease._settings import QueueSettings
+from agentlease._settings import WorkerSettings, heartbeat_interval
 from agentlease._sync.queue import Queue
 from agentlease._threads import HandlerThreads
 from agentlease.errors import (
@@ -63,7 +62,6 @@ from agentlease.errors import (
     Cancelled,
     LeaseLost,
     PayloadError,
-    WorkerError,
 )
 
 __all__ = ["AsyncHandler", "AsyncWorker", "Handler", "SyncHandler", "Worker", "WorkerSettings"]
@@ -74,38 +72,6 @@ Handler: TypeAlias = SyncHandler | AsyncHandler
 LeaseKey: TypeAlias = tuple[str, str]
 
 _UNWIND = 1.0  # seconds cancelled handlers get to unwind once shutdown is forced
-_OUTAGE_LOG_EVERY = 30.0  # seconds between two warnings about the same store outage
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class WorkerSettings:
-    """How a worker runs.
-
-    Attributes:
-        concurrency: handlers running at once.
-        batch: claim up to all free slots in one step (``False``: one task per claim).
-        retry: what happens when a handler raises.
-        poll_interval: the longest idle wait between claims on an empty queue (seconds).
-        shutdown_grace: seconds running handlers get to finish after a stop.
-        heartbeat_interval: seconds between heartbeats (default: a third of the shorter of
-            the lease and the queue's ``progress_timeout``). It must leave at least two beats
-            in each of them, or the worker refuses to start with :class:`WorkerError`.
-        seed: seeds the jitter of backoff and heartbeats (for reproducible runs).
-    """
-
-    concurrency: int = 1
-    batch: bool = True
-    retry: RetryPolicy = field(default_factory=RetryPolicy)
-    poll_interval: float = 0.5
-    shutdown_grace: float = 30.0
-    heartbeat_interval: float | None = None
-    seed: int | None = None
-
-    def __post_init__(self) -> None:
-        check.integer(self.concurrency, "concurrency", low=1, high=10_000)
-        check.duration(self.poll_interval, "poll_interval")
-        check.non_negative(self.shutdown_grace, "shutdown_grace")
-        check.optional_duration(self.heartbeat_interval, "heartbeat_interval")
 
 
 class AsyncWorker:
@@ -274,7 +240,7 @@ class AsyncWorker:
     ) -> None:
         assert self._wake is not None
         idle = 0.0
-        outage = _Outage(self.queue.backend.url, self.name)
+        outage = Outage(self.queue.backend.url, self.name)
         while not self._stopping.is_set():
             free = self.settings.concurrency - len(self._running)
             if free <= 0:
@@ -520,76 +486,6 @@ class _Running:
     @property
     def key(self) -> LeaseKey:
         return (self.job.lease.task_id, self.job.lease.token)
-
-
-class _Outage:
-    """Tracks a store outage seen by the claim loop: rate-limited warnings and backoff."""
-
-    def __init__(self, url: str, queue: str) -> None:
-        self.url = url
-        self.queue = queue
-        self.since: float | None = None
-        self.failures = 0
-        self.logged_at = 0.0
-
-    def failed(self, exc: BackendError) -> float:
-        """Record one failed claim; returns how long claims have been failing."""
-        now = time.monotonic()
-        if self.since is None:
-            self.since = now
-        self.failures += 1
-        if self.failures == 1 or now - self.logged_at >= _OUTAGE_LOG_EVERY:
-            self.logged_at = now
-            logger.log(
-                logging.WARNING if isinstance(exc, BackendUnavailable) else logging.ERROR,
-                "%s for %.1fs (%d failed claims on queue %r) at %s: %s; retrying",
-                "store unreachable" if isinstance(exc, BackendUnavailable) else "claims failing",
-                now - self.since,
-                self.failures,
-                self.queue,
-                self.url,
-                exc,
-            )
-        return now - self.since
-
-    def backoff(self, rand: random.Random) -> float:
-        """The next wait: full jitter, doubling from 0.1 s up to 5 s."""
-        return rand.uniform(0.0, min(5.0, 0.1 * 2 ** min(self.failures, 10)))
-
-    def reached(self) -> None:
-        """A claim went through: the outage, if any, is over."""
-        if self.since is not None:
-            logger.warning(
-                "store reachable again at %s after %.1fs", self.url, time.monotonic() - self.since
-            )
-            self.since = None
-            self.failures = 0
-
-
-def heartbeat_interval(worker: WorkerSettings, queue: QueueSettings) -> float:
-    """Seconds between heartbeats: a third of the shorter of the lease and the progress timeout,
-    so a task that reports progress stays alive whatever the two settings are.
-
-    Raises:
-        WorkerError: an explicit interval leaves fewer than two beats in the lease or in the
-            progress timeout.
-    """
-    window = queue.lease_for
-    if queue.progress_timeout is not None:
-        window = min(window, queue.progress_timeout)
-    if worker.heartbeat_interval is None:
-        return window / 3
-    if worker.heartbeat_interval * 2 > window:
-        raise WorkerError(
-            f"heartbeat_interval={worker.heartbeat_interval:g}s cannot keep a lease alive: "
-            f"it must be at most half of lease_for ({queue.lease_for:g}s)"
-            + (
-                f" and of progress_timeout ({queue.progress_timeout:g}s)"
-                if queue.progress_timeout is not None
-                else ""
-            )
-        )
-    return worker.heartbeat_interval
 
 
 class Worker:
