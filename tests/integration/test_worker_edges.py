@@ -135,6 +135,8 @@ def test_a_hung_heartbeat_call_loses_the_lease_at_its_local_deadline(
     if face == "sync":
 
         def handler(ctx: al.JobContext) -> al.JSON:
+            if ctx.attempt > 1:
+                return "run again"  # once the writer let go, the reaped task may run again
             started.set()
             if ctx.wait(15):
                 lost_after.append(time.monotonic())
@@ -144,6 +146,8 @@ def test_a_hung_heartbeat_call_loses_the_lease_at_its_local_deadline(
     else:
 
         async def handler(ctx: al.AsyncJobContext) -> al.JSON:  # type: ignore[misc]
+            if ctx.attempt > 1:
+                return "run again"  # once the writer let go, the reaped task may run again
             started.set()
             try:
                 await asyncio.sleep(15)
@@ -159,10 +163,10 @@ def test_a_hung_heartbeat_call_loses_the_lease_at_its_local_deadline(
     assert lost_after, "the handler was never told its lease was lost"
     # Lost while the writer still held the lock, within about a lease of the last renewal.
     assert lost_after[0] - locked_at[0] < 4.0
-    lost = [e for e in events if e.name == "lease_lost"]
+    lost = [e for e in events if e.name == "lease_lost" and e.attempt == 1]
     assert lost
     assert "not renewed within its lease" in str(lost[0].fields["reason"])
-    assert not [e for e in events if e.name == "completed"]
+    assert not [e for e in events if e.name == "completed" and e.attempt == 1]
     queue.close()
 
 
@@ -173,7 +177,7 @@ def test_a_progress_timeout_shorter_than_a_third_of_the_lease_keeps_a_progressin
     events: list[al.Event] = []
     queue = al.Queue.connect(
         sqlite_url,
-        settings=al.QueueSettings(lease_for=6.0, progress_timeout=0.9),
+        settings=al.QueueSettings(lease_for=9.0, progress_timeout=1.5),
         on_event=events.append,
     )
     queue.enqueue("q", None, id="t1")
@@ -181,7 +185,7 @@ def test_a_progress_timeout_shorter_than_a_third_of_the_lease_keeps_a_progressin
     if face == "sync":
 
         def handler(ctx: al.JobContext) -> al.JSON:
-            for i in range(12):
+            for i in range(20):
                 ctx.progress(i)
                 time.sleep(0.2)
             return ctx.attempt
@@ -189,7 +193,7 @@ def test_a_progress_timeout_shorter_than_a_third_of_the_lease_keeps_a_progressin
     else:
 
         async def handler(ctx: al.AsyncJobContext) -> al.JSON:  # type: ignore[misc]
-            for i in range(12):
+            for i in range(20):
                 await ctx.progress(i)
                 await asyncio.sleep(0.2)
             return ctx.attempt
@@ -216,7 +220,7 @@ def test_a_heartbeat_that_cannot_keep_up_with_the_progress_timeout_is_refused() 
 
 @pytest.mark.parametrize("face", ["sync", "async"])
 def test_a_slow_event_callback_never_costs_a_lease(face: str, sqlite_url: str) -> None:
-    lease = 0.6
+    lease = 1.0
     seen: list[str] = []
 
     def slow_callback(event: al.Event) -> None:
