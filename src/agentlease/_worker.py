@@ -54,6 +54,7 @@ from agentlease._scope import enter_task
 from agentlease._settings import WorkerSettings, heartbeat_interval
 from agentlease._sync.queue import Queue
 from agentlease._threads import HandlerThreads
+from agentlease.backends.base import Backend
 from agentlease.errors import (
     AgentLeaseError,
     BackendError,
@@ -150,24 +151,29 @@ class AsyncWorker:
         self._wake = asyncio.Event()
         events = self._events = EventDispatcher(self.queue.events)
         events.start()
-        installed = self._install_signals() if handle_signals else []
-        # A heartbeat call that hangs must fail before the lease runs out, to be tried again.
-        sync_backend = self.queue.backend.open_sync(call_timeout=self._call_timeout)
-        handler_queue = Queue(
-            self.queue.backend.open_sync(),
-            settings=self.queue.settings,
-            on_event=self.queue.events.callback,
-        )
-        heartbeat = Heartbeat(
-            sync_backend,
-            lease_for=self.queue.settings.lease_for,
-            events=events,
-            interval=self._interval,
-            rand=random.Random(self._rand.random()),
-        )
+        installed: list[signal.Signals] = []
+        opened: list[Queue | Backend] = []
+        heartbeat: Heartbeat | None = None
         threads = HandlerThreads(self.settings.concurrency)
-        heartbeat.start()
         try:
+            installed = self._install_signals() if handle_signals else []
+            # A heartbeat call that hangs must fail before the lease runs out, to be tried again.
+            sync_backend = self.queue.backend.open_sync(call_timeout=self._call_timeout)
+            opened.append(sync_backend)
+            handler_queue = Queue(
+                self.queue.backend.open_sync(),
+                settings=self.queue.settings,
+                on_event=self.queue.events.callback,
+            )
+            opened.append(handler_queue)
+            heartbeat = Heartbeat(
+                sync_backend,
+                lease_for=self.queue.settings.lease_for,
+                events=events,
+                interval=self._interval,
+                rand=random.Random(self._rand.random()),
+            )
+            heartbeat.start()
             try:
                 await self._warn_if_unknown()
                 await self._claim_loop(heartbeat, threads, handler_queue, burst)
@@ -185,13 +191,13 @@ class AsyncWorker:
             finally:
                 await self._drain()
         finally:
-            ended = heartbeat.stop()
+            # A heartbeat thread still inside a store call keeps its backend (it is a daemon).
+            ended = heartbeat is None or heartbeat.stop()
             threads.shutdown()
             for sig in installed:
                 self._loop.remove_signal_handler(sig)
-            if ended:
-                sync_backend.close()
-            handler_queue.close()
+            for resource in opened[0 if ended else 1 :]:
+                resource.close()
             events.stop()
         return self.processed
 
