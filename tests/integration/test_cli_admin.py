@@ -480,7 +480,8 @@ def test_the_worker_command_imports_no_other_command_no_rich_and_no_driver(tmp_p
             main()
         except SystemExit as exc:
             assert not exc.code, exc.code
-        prefixes = ("rich", "agentlease.cli", "agentlease._demo", "redis", "psycopg")
+        prefixes = ("rich", "agentlease.cli", "agentlease.bench", "agentlease._demo", "redis",
+                    "psycopg")
         print(",".join(sorted(m for m in sys.modules if m.startswith(prefixes))))
         """
     )
@@ -501,7 +502,8 @@ def test_every_command_is_known_to_the_lazy_group() -> None:
 
     for info in pkgutil.iter_modules(package.__path__):
         importlib.import_module(f"agentlease.cli.{info.name}")
+    importlib.import_module("agentlease.bench.command")
     assert set(cli.commands) == set(COMMANDS)
     for name, command in cli.commands.items():
         assert command.callback is not None
-        assert command.callback.__module__ == f"agentlease.cli.{COMMANDS[name]}", name
+        assert command.callback.__module__ == COMMANDS[name], name

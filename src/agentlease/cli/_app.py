@@ -2,7 +2,8 @@
 
 Commands are loaded lazily: the group knows which module defines each command and imports it
 only when that command runs (or help lists them), so ``agentlease worker`` never imports the
-bench, the demo or rich's tables. The consoles (rich) are made on first use for the same reason.
+bench (:mod:`agentlease.bench`), the demo or rich's tables. The consoles (rich) are made on
+first use for the same reason.
 """
 
 from __future__ import annotations
@@ -37,17 +38,17 @@ F = TypeVar("F", bound=Callable[..., object])
 P = ParamSpec("P")
 R = TypeVar("R")
 
-# Each command, and the module (under agentlease.cli) that defines it.
+# Each command, and the module that defines it.
 COMMANDS = {
-    "bench": "bench",
-    "dead": "admin",
-    "demo": "demo",
-    "enqueue": "admin",
-    "inspect": "admin",
-    "keys": "keys",
-    "migrate": "migrate",
-    "stats": "admin",
-    "worker": "work",
+    "bench": "agentlease.bench.command",
+    "dead": "agentlease.cli.admin",
+    "demo": "agentlease.cli.demo",
+    "enqueue": "agentlease.cli.admin",
+    "inspect": "agentlease.cli.admin",
+    "keys": "agentlease.cli.keys",
+    "migrate": "agentlease.cli.migrate",
+    "stats": "agentlease.cli.admin",
+    "worker": "agentlease.cli.work",
 }
 
 
@@ -60,7 +61,7 @@ class _LazyGroup(click.Group):
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         module = COMMANDS.get(cmd_name)
         if module is not None and cmd_name not in self.commands:
-            importlib.import_module(f"agentlease.cli.{module}")  # registers it on this group
+            importlib.import_module(module)  # registers it on this group
         return super().get_command(ctx, cmd_name)
 
 

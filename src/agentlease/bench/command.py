@@ -14,10 +14,10 @@ its baseline's, and reports each side's best round; only the claim/complete loop
 The baseline of a SQLite row issues the backend's own statements from ``sql/sqlite.sql`` straight
 through :mod:`sqlite3` on a fresh database with the same schema and PRAGMAs, in the same loop
 shape; the baseline of a memory row calls the :class:`~agentlease.MemoryBackend` primitives
-without the client. See :mod:`agentlease.cli._bench_loops`.
+without the client. See :mod:`agentlease.bench.loops`.
 
 Then two idempotency rows (``--keys`` calls each, 0 to skip), in microseconds per call and in
-raw operations per call (see :mod:`agentlease.cli._bench_keys`):
+raw operations per call (see :mod:`agentlease.bench.keys`):
 
 * idempotent no-op, first call: ``@idempotent`` around a function that does nothing, with new
   arguments (reserve + complete: ideally 2 raw round trips), beside one minimal atomic write of
@@ -26,7 +26,7 @@ raw operations per call (see :mod:`agentlease.cli._bench_keys`):
   1), beside the same write of a key that is present.
 
 Then two shared-state guard rows (``--guards`` calls each, 0 to skip; see
-:mod:`agentlease.cli._bench_guards`), in the same units:
+:mod:`agentlease.bench.guards`), in the same units:
 
 * compare_and_set, right version: :meth:`~agentlease.SharedState.compare_and_set` over an
   existing record (ideally 1), beside one atomic version-checked write;
@@ -34,7 +34,7 @@ Then two shared-state guard rows (``--guards`` calls each, 0 to skip; see
   2), beside an owner-checked conditional acquire and an owner-checked release.
 
 On Redis and PostgreSQL the rows are measured by each backend's own module in fresh namespaces
-(see :mod:`agentlease.cli._bench_served`), with latency lines under ``--latency``.
+(see :mod:`agentlease.bench.served`), with latency lines under ``--latency``.
 """
 
 from __future__ import annotations
@@ -59,11 +59,10 @@ from rich.table import Table
 from agentlease._codec import JSON
 from agentlease.backends import connect
 from agentlease.backends.memory import MemoryBackend
-from agentlease.cli import _bench_served
-from agentlease.cli._app import cli, console, err_console, reports_errors
-from agentlease.cli._bench_guards import DEFAULT_GUARDS, GuardRow, guards_table, local_guards
-from agentlease.cli._bench_keys import DEFAULT_CALLS, KeyRow, keys_table, local_keys
-from agentlease.cli._bench_loops import (
+from agentlease.bench import served as _bench_served
+from agentlease.bench.guards import DEFAULT_GUARDS, GuardRow, guards_table, local_guards
+from agentlease.bench.keys import DEFAULT_CALLS, KeyRow, keys_table, local_keys
+from agentlease.bench.loops import (
     ROUNDS,
     Driver,
     Library,
@@ -75,6 +74,7 @@ from agentlease.cli._bench_loops import (
     split,
     sqlite_synchronous,
 )
+from agentlease.cli._app import cli, console, err_console, reports_errors
 from agentlease.cli.admin import print_json
 from agentlease.errors import InvalidURL
 

@@ -21,12 +21,12 @@ and with a million-task queue (the cost must not grow with depth), one heartbeat
 reaper's cost grows with the expired leases, not with the queue).
 
 :class:`RawRedisKeys` is the baseline of the idempotency rows (see
-:mod:`agentlease.cli._bench_keys`): ``SET key value NX`` through the same client.
+:mod:`agentlease.bench.keys`): ``SET key value NX`` through the same client.
 :class:`RawRedisGuards` is that of the shared-state guard rows (see
-:mod:`agentlease.cli._bench_guards`): a minimal version-checking script, and ``SET NX PX`` with
+:mod:`agentlease.bench.guards`): a minimal version-checking script, and ``SET NX PX`` with
 an owner-checked release script.
 
-Run everything against one server with ``python -m agentlease.cli._bench_redis redis://...``.
+Run everything against one server with ``python -m agentlease.bench.redis_rows redis://...``.
 """
 
 from __future__ import annotations
@@ -47,20 +47,20 @@ from agentlease._records import TaskSpec
 from agentlease._sync.queue import Queue
 from agentlease.backends import connect
 from agentlease.backends._redis_url import parse
-from agentlease.cli._bench_guards import (
+from agentlease.bench.command import Row, Stores, cases, run_bench
+from agentlease.bench.guards import (
     DEFAULT_GUARDS,
     LOCK_TTL,
     GuardRow,
     LibraryGuards,
     run_guards,
 )
-from agentlease.cli._bench_keys import DEFAULT_CALLS, KeyRow, LibraryKeys, run_keys
-from agentlease.cli._bench_loops import FILL_CHUNK, LEASE_FOR, Driver, Library, Mode, Target
-from agentlease.cli._bench_redis_link import Pinned, raw_url
-from agentlease.cli._bench_redis_link import client as _client
-from agentlease.cli._bench_redis_link import drop as _drop
-from agentlease.cli._bench_redis_link import with_prefix as _with_prefix
-from agentlease.cli.bench import Row, Stores, cases, run_bench
+from agentlease.bench.keys import DEFAULT_CALLS, KeyRow, LibraryKeys, run_keys
+from agentlease.bench.loops import FILL_CHUNK, LEASE_FOR, Driver, Library, Mode, Target
+from agentlease.bench.redis_link import Pinned, raw_url
+from agentlease.bench.redis_link import client as _client
+from agentlease.bench.redis_link import drop as _drop
+from agentlease.bench.redis_link import with_prefix as _with_prefix
 from agentlease.errors import InvalidURL
 
 __all__ = [
@@ -465,9 +465,9 @@ def latency_and_extend(url: str, *, deep: int = 1_000_000, samples: int = 2_000)
 
 
 def main(argv: list[str]) -> int:
-    """``python -m agentlease.cli._bench_redis URL [TASKS]``: print every figure as JSON."""
+    """``python -m agentlease.bench.redis_rows URL [TASKS]``: print every figure as JSON."""
     if not argv:
-        print("usage: python -m agentlease.cli._bench_redis redis://host:port/0 [tasks]")
+        print("usage: python -m agentlease.bench.redis_rows redis://host:port/0 [tasks]")
         return 2
     url = argv[0]
     if not url.startswith(("redis://", "rediss://")):

@@ -11,7 +11,7 @@ each call's cost in raw operations: ideally 2.0 for a first call and 1.0 for a r
 alternate library and raw, after an untimed warm-up of both; each side's best round counts.
 
 The raw operation of each store (the drivers of Redis and PostgreSQL are in
-:mod:`~agentlease.cli._bench_redis` and :mod:`~agentlease.cli._bench_postgres`):
+:mod:`~agentlease.bench.redis_rows` and :mod:`~agentlease.bench.postgres_rows`):
 
 * memory: ``dict`` insert-if-absent under a :class:`threading.Lock`. There is no round trip,
   so the ratio is the library's own CPU cost per call, in dict inserts.
@@ -52,7 +52,7 @@ from agentlease._scope import idempotency_scope
 from agentlease._sync.idempotency import Idempotency
 from agentlease.backends import connect
 from agentlease.backends.base import Backend
-from agentlease.cli._bench_loops import ROUNDS, RawSQLite, split, sqlite_synchronous
+from agentlease.bench.loops import ROUNDS, RawSQLite, split, sqlite_synchronous
 
 __all__ = [
     "DEFAULT_CALLS",

@@ -6,11 +6,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from agentlease._codec import JSON
-from agentlease.cli._bench_guards import GuardRow
-from agentlease.cli._bench_keys import KeyRow
+from agentlease.bench.guards import GuardRow
+from agentlease.bench.keys import KeyRow
 
 if TYPE_CHECKING:
-    from agentlease.cli.bench import Row
+    from agentlease.bench.command import Row
 
 __all__ = ["SERVED", "latency_rows", "measure"]
 
@@ -34,7 +34,7 @@ def measure(
     key_rows: list[KeyRow] = []
     guard_rows: list[GuardRow] = []
     if kind.startswith("redis"):
-        from agentlease.cli import _bench_redis
+        from agentlease.bench import redis_rows as _bench_redis
 
         rows = _bench_redis.compare(url, tasks=tasks, batch=batch, processes=processes)
         if keys:
@@ -50,7 +50,7 @@ def measure(
                 f["extend_10k_ms"],
             )
     else:
-        from agentlease.cli import _bench_postgres
+        from agentlease.bench import postgres_rows as _bench_postgres
 
         rows = _bench_postgres.compare(url, tasks, processes=processes, batch=batch)
         if keys:

@@ -5,18 +5,18 @@ autocommit connection, running a loop of ONE ``FOR UPDATE SKIP LOCKED`` claim st
 fenced complete statement per task, with no agentlease in the way, on a plain table of the same
 shape (the library's migration applied to a schema of its own, dropped afterwards). Its claim
 returns what any worker needs (id, token, attempt, payload); the library returns more.
-:class:`PostgresStores` plugs it into :func:`agentlease.cli.bench.run_bench`, and
+:class:`PostgresStores` plugs it into :func:`agentlease.bench.command.run_bench`, and
 :class:`PostgresTarget` lets spawned bench processes open either side.
 
 :func:`latency_and_extend` measures what the design promises about scale: the claim latency
 (p50, p99) with 1,000 and with 1,000,000 tasks queued, and the time of one ``extend`` call for
 10,000 live leases. :class:`RawPostgresKeys` is the baseline of the idempotency rows (see
-:mod:`agentlease.cli._bench_keys`): one ``INSERT ... ON CONFLICT DO NOTHING`` per key on a pooled
+:mod:`agentlease.bench.keys`): one ``INSERT ... ON CONFLICT DO NOTHING`` per key on a pooled
 autocommit connection; :class:`RawPostgresGuards` that of the shared-state guard rows (see
-:mod:`agentlease.cli._bench_guards`): one version-checked ``UPDATE`` per compare-and-set, one
+:mod:`agentlease.bench.guards`): one version-checked ``UPDATE`` per compare-and-set, one
 conditional upsert and one owner-checked ``UPDATE`` per lock cycle. Run them all from a shell::
 
-    python -m agentlease.cli._bench_postgres postgresql://user@host/db [--tasks N] [--latency]
+    python -m agentlease.bench.postgres_rows postgresql://user@host/db [--tasks N] [--latency]
 """
 
 from __future__ import annotations
@@ -37,16 +37,16 @@ from agentlease._sync.queue import Queue
 from agentlease.backends import connect
 from agentlease.backends._postgres_url import PostgresSettings, parse
 from agentlease.backends._sync.postgres_schema import migrate
-from agentlease.cli._bench_guards import (
+from agentlease.bench.command import Row, Stores, cases, run_bench
+from agentlease.bench.guards import (
     DEFAULT_GUARDS,
     LOCK_TTL,
     GuardRow,
     LibraryGuards,
     run_guards,
 )
-from agentlease.cli._bench_keys import DEFAULT_CALLS, KeyRow, LibraryKeys, run_keys
-from agentlease.cli._bench_loops import Driver, Library, Mode, Target
-from agentlease.cli.bench import Row, Stores, cases, run_bench
+from agentlease.bench.keys import DEFAULT_CALLS, KeyRow, LibraryKeys, run_keys
+from agentlease.bench.loops import Driver, Library, Mode, Target
 from agentlease.errors import InvalidURL
 
 __all__ = [
@@ -459,14 +459,14 @@ def latency_and_extend(
 
 
 def main(argv: list[str]) -> int:
-    """``python -m agentlease.cli._bench_postgres URL [--tasks N] [--latency]``."""
+    """``python -m agentlease.bench.postgres_rows URL [--tasks N] [--latency]``."""
     if not argv:
         print(__doc__)
         return 2
     url = argv[0]
     tasks = int(argv[argv.index("--tasks") + 1]) if "--tasks" in argv else 30_000
+    from agentlease.bench.command import _table
     from agentlease.cli._app import console
-    from agentlease.cli.bench import _table
 
     rows = compare(url, tasks)
     console.print(_table(rows, url))

@@ -16,7 +16,7 @@ The rows report microseconds per call and each call's cost in raw operations (id
 Rounds alternate library and raw, after an untimed warm-up of both; each side's best round counts.
 
 The raw operations of each store (those of Redis and PostgreSQL are in
-:mod:`~agentlease.cli._bench_redis` and :mod:`~agentlease.cli._bench_postgres`):
+:mod:`~agentlease.bench.redis_rows` and :mod:`~agentlease.bench.postgres_rows`):
 
 * memory: a version check and a ``dict`` write under a :class:`threading.Lock`; a lock is a
   ``dict`` entry (owner, expiry) taken if absent or expired, with a fence count, and removed if
@@ -56,8 +56,8 @@ from agentlease._codec import JSON
 from agentlease._sync.state import SharedState
 from agentlease.backends import connect
 from agentlease.backends.base import Backend
-from agentlease.cli._bench_keys import round_trip_table
-from agentlease.cli._bench_loops import ROUNDS, RawSQLite, split, sqlite_synchronous
+from agentlease.bench.keys import round_trip_table
+from agentlease.bench.loops import ROUNDS, RawSQLite, split, sqlite_synchronous
 
 __all__ = [
     "DEFAULT_GUARDS",
