@@ -25,8 +25,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -49,7 +47,6 @@ from tests.acceptance._idempotency_child import read_ledger
 from tests.acceptance.test_idempotency_processes import (
     BOUND,
     KINDS,
-    ROOT,
     Children,
     of,
     wait_stopped,
@@ -77,19 +74,7 @@ def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 class GuardChildren(Children):
     """Children running tests/acceptance/_guards_child.py."""
 
-    def spawn(self, *args: str | Path) -> subprocess.Popen[bytes]:
-        err = self.logs / f"child-{len(self.procs)}.err"
-        with err.open("wb") as stderr:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "tests.acceptance._guards_child", *map(str, args)],
-                cwd=ROOT,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=stderr,
-            )
-        self.procs.append(proc)
-        return proc
+    module = "tests.acceptance._guards_child"
 
 
 @contextmanager

@@ -15,10 +15,7 @@ tests/contract/test_counter_holds.py.
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -28,7 +25,7 @@ import pytest
 
 import agentlease as al
 from tests.acceptance._idempotency_child import read_ledger
-from tests.acceptance.test_idempotency_processes import KINDS, ROOT, Children, of
+from tests.acceptance.test_idempotency_processes import KINDS, Children, of
 
 SEATS = 10
 HOLDERS = 4
@@ -48,19 +45,7 @@ def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 class HoldChildren(Children):
     """Children running tests/acceptance/_holds_child.py."""
 
-    def spawn(self, *args: str | Path) -> subprocess.Popen[bytes]:
-        err = self.logs / f"child-{len(self.procs)}.err"
-        with err.open("wb") as stderr:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "tests.acceptance._holds_child", *map(str, args)],
-                cwd=ROOT,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=stderr,
-            )
-        self.procs.append(proc)
-        return proc
+    module = "tests.acceptance._holds_child"
 
 
 @contextmanager

@@ -71,6 +71,8 @@ def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 class Children:
     """The child processes of one test: started here, always reaped (killed if still running)."""
 
+    module = "tests.acceptance._idempotency_child"  # what each child runs (``python -m``)
+
     def __init__(self, logs: Path) -> None:
         self.logs = logs
         self.procs: list[subprocess.Popen[bytes]] = []
@@ -80,7 +82,7 @@ class Children:
         err = self.logs / f"child-{len(self.procs)}.err"
         with err.open("wb") as stderr:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "tests.acceptance._idempotency_child", *map(str, args)],
+                [sys.executable, "-m", self.module, *map(str, args)],
                 cwd=ROOT,
                 env={**os.environ, "PYTHONUNBUFFERED": "1"},
                 stdin=subprocess.DEVNULL,
