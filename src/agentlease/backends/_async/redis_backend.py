@@ -223,21 +223,28 @@ class AsyncRedisBackend(RedisKeys, RedisState):
     async def complete_many(
         self, items: Sequence[tuple[Lease, bytes | None]]
     ) -> list[LeaseLost | UnknownTask | None]:
-        # One complete script per item, pipelined: one round trip; each carries a nonce, so the
-        # pipeline is safe to resend after a broken connection.
-        calls: list[Call] = [
-            (
-                "EVALSHA",
-                "complete",
-                queue_keys(self._prefix, lease.queue).complete,
-                (lease.task_id, lease.token, _nonce(), result_json or b""),
+        # One complete_many script per queue (a queue's keys share one Redis Cluster slot), all
+        # in one round trip. The request's nonce makes a resend safe.
+        by_queue: dict[str, list[int]] = {}
+        for i, (lease, _) in enumerate(items):
+            by_queue.setdefault(lease.queue, []).append(i)
+        nonce = _nonce()
+        calls: list[Call] = []
+        for queue, positions in by_queue.items():
+            pairs = " ".join(f"{items[i][0].task_id} {items[i][0].token}" for i in positions)
+            args = [nonce, pairs, *(items[i][1] or b"" for i in positions)]
+            calls.append(
+                ("EVALSHA", "complete_many", queue_keys(self._prefix, queue).complete, args)
             )
-            for lease, result_json in items
-        ]
-        replies = await self._link.many(calls)
-        out: list[LeaseLost | UnknownTask | None] = []
-        for (lease, _), reply in zip(items, replies, strict=True):
-            out.append(_refusal(lease, reply))
+        if len(calls) == 1:
+            _, name, keys, args = calls[0]
+            replies = [await self._link.script(name, keys, args, retry=True)]
+        else:
+            replies = await self._link.many(calls)
+        out: list[LeaseLost | UnknownTask | None] = [None] * len(items)
+        for positions, group in zip(by_queue.values(), replies, strict=True):
+            for i, reply in zip(positions, group, strict=True):
+                out[i] = _refusal(items[i][0], reply)
         return out
 
     async def fail(self, lease: Lease, error_json: bytes, retry_in: float | None) -> Task:

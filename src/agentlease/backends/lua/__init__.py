@@ -126,6 +126,7 @@ NAMES = (
     "claim",
     "extend",
     "complete",
+    "complete_many",
     "fail",
     "release",
     "progress",
@@ -270,6 +271,7 @@ class QueueKeys:
     claim: tuple[str, ...]
     extend: tuple[str, ...]
     complete: tuple[str, ...]
+    complete_many: tuple[str, ...]
     fail: tuple[str, ...]
     release: tuple[str, ...]
     progress: tuple[str, ...]
@@ -292,6 +294,7 @@ def queue_keys(prefix: str, queue: str) -> QueueKeys:
         claim=(t, p, c, e, n, q, w, i, d, pb, pk, ph),
         extend=(t, n, i),
         complete=(t, r, i, n, q, w, pb, pk, ph),
+        complete_many=(t, r, i, n, q, w, pb, pk, ph),
         fail=(t, p, r, g, c, e, n, i, w, d, q, pb, pk, ph),
         release=(t, n, i, q),
         progress=(t, g, c),
