@@ -97,6 +97,7 @@ class Heartbeat:
         self._interval = lease_for / 3 if interval is None else interval
         self._rand = rand or random.Random()
         self._held: dict[LeaseKey, Held] = {}
+        self._latest: dict[str, Held] = {}  # task id -> its newest lease here
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._beating = threading.Thread(target=self._run, name="agentlease-heartbeat", daemon=True)
@@ -132,10 +133,11 @@ class Heartbeat:
         granted = max(0.0, min(self._lease_for, lease.expires_at - lease.leased_at))
         held = Held(lease, on_lost, sent_at, sent_at + granted - self._margin)
         with self._lock:
-            older = [h for h in self._held.values() if h.lease.task_id == lease.task_id]
+            older = self._latest.get(lease.task_id)
+            self._latest[lease.task_id] = held
             self._held[held.key] = held
-        for old in older:
-            self._lose(old, f"this worker claimed the task again (attempt {lease.attempt})")
+        if older is not None and self._held.get(older.key) is older:
+            self._lose(older, f"this worker claimed the task again (attempt {lease.attempt})")
         return held
 
     def remove(self, held: Held) -> None:
@@ -143,6 +145,8 @@ class Heartbeat:
         with self._lock:
             if self._held.get(held.key) is held:
                 del self._held[held.key]
+            if self._latest.get(held.lease.task_id) is held:
+                del self._latest[held.lease.task_id]
 
     def lose(self, held: Held, reason: str) -> None:
         """Treat ``held`` as lost now (for the worker's own reasons, such as shutdown)."""
@@ -165,6 +169,9 @@ class Heartbeat:
             if h.lost.is_set():
                 continue  # lost meanwhile (the watchdog, a re-claim): stays lost
             if lease is None:
+                with self._lock:
+                    if self._held.get(h.key) is not h:
+                        continue  # its job finished while the beat was on its way
                 old = h.lease
                 self._events.emit(
                     "zombie_rejected", old.queue, old.task_id, old.attempt, write="extend"

@@ -88,7 +88,14 @@ class WorkerSettings:
 
     Attributes:
         concurrency: handlers running at once.
-        batch: claim up to all free slots in one step (``False``: one task per claim).
+        batch: claim up to all free slots in one step, and send the completions of handlers
+            that return while a write is in flight together in the next one, before the next
+            claim (``False``: one task per claim, one completion per write).
+        prefetch: the most tasks claimed ahead of a free slot, to start as soon as a handler
+            returns (default: as many as ``concurrency``; 0: none). Tasks are claimed ahead only
+            while recent handlers took less than 50 ms each: a prefetched task holds its lease
+            (kept alive by the heartbeat) while it waits, so long tasks are never held back
+            from other workers. Shutdown gives unstarted tasks back to the front of the queue.
         retry: what happens when a handler raises.
         poll_interval: the longest idle wait between claims on an empty queue (seconds).
         shutdown_grace: seconds running handlers get to finish after a stop.
@@ -100,6 +107,7 @@ class WorkerSettings:
 
     concurrency: int = 1
     batch: bool = True
+    prefetch: int | None = None
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     poll_interval: float = 0.5
     shutdown_grace: float = 30.0
@@ -108,6 +116,8 @@ class WorkerSettings:
 
     def __post_init__(self) -> None:
         integer(self.concurrency, "concurrency", low=1, high=10_000)
+        if self.prefetch is not None:
+            integer(self.prefetch, "prefetch", low=0, high=10_000)
         duration(self.poll_interval, "poll_interval")
         non_negative(self.shutdown_grace, "shutdown_grace")
         optional_duration(self.heartbeat_interval, "heartbeat_interval")

@@ -37,6 +37,7 @@ import random
 import signal
 import threading
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -63,6 +64,7 @@ from agentlease.errors import (
     Cancelled,
     LeaseLost,
     PayloadError,
+    UnknownTask,
 )
 
 __all__ = ["AsyncHandler", "AsyncWorker", "Handler", "SyncHandler", "Worker", "WorkerSettings"]
@@ -73,6 +75,7 @@ Handler: TypeAlias = SyncHandler | AsyncHandler
 LeaseKey: TypeAlias = tuple[str, str]
 
 _UNWIND = 1.0  # seconds cancelled handlers get to unwind once shutdown is forced
+_SHORT_TASK = 0.05  # tasks are claimed ahead of free slots while handlers take less (seconds)
 
 
 class AsyncWorker:
@@ -114,7 +117,18 @@ class AsyncWorker:
         self._forced = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
-        self._running: dict[LeaseKey, _Running] = {}
+        self._running: dict[LeaseKey, _Running] = {}  # every job whose lease this run holds
+        self._waiting: deque[_Running] = deque()  # claimed, not started yet
+        self._done: list[tuple[_Running, bytes | None]] = []  # returned, completion not sent
+        self._active = 0  # handlers running
+        self._mean_run = _SHORT_TASK  # recent handler time (seconds, moving average)
+        self._prefetch = (
+            self.settings.concurrency if self.settings.prefetch is None else self.settings.prefetch
+        )
+        self._heartbeat: Heartbeat | None = None
+        self._start: Callable[[_Running], None] | None = None
+        self._returned: deque[_Running] = deque()  # sync handlers that returned, to collect
+        self._collecting = False  # a collection of returned sync handlers is scheduled
         self._events: EventDispatcher | None = None
         self._signals = 0
 
@@ -174,6 +188,7 @@ class AsyncWorker:
                 rand=random.Random(self._rand.random()),
             )
             heartbeat.start()
+            self._heartbeat = heartbeat
             try:
                 await self._warn_if_unknown()
                 await self._claim_loop(heartbeat, threads, handler_queue, burst)
@@ -189,7 +204,7 @@ class AsyncWorker:
                 self._forced.set()
                 raise
             finally:
-                await self._drain()
+                await self._drain(heartbeat)
         finally:
             # A heartbeat thread still inside a store call keeps its backend (it is a daemon).
             ended = heartbeat is None or heartbeat.stop()
@@ -247,14 +262,18 @@ class AsyncWorker:
         assert self._wake is not None
         idle = 0.0
         outage = Outage(self.queue.backend.url, self.name)
+        self._start = functools.partial(self._start_job, threads, handler_queue)
         while not self._stopping.is_set():
-            free = self.settings.concurrency - len(self._running)
-            if free <= 0:
+            if self._done:
+                await self._flush()  # completions reach the store before the next claim
+                continue
+            want = self._wanted()
+            if want <= 0:
                 await self._sleep(None)
                 continue
             sent_at = time.monotonic()
             try:
-                jobs = await self.queue.claim(self.name, free if self.settings.batch else 1)
+                jobs = await self.queue.claim(self.name, want)
             except BackendRefused:
                 raise  # the same every time: the run ends with it
             except BackendError as exc:
@@ -273,9 +292,6 @@ class AsyncWorker:
                 continue
             idle = 0.0
             for job in jobs:
-                if self._stopping.is_set():
-                    await self._give_back(job)
-                    continue
                 entry = _Running(job)
                 entry.held = heartbeat.add(job.lease, functools.partial(self._lost, entry), sent_at)
                 self._emit(
@@ -287,10 +303,91 @@ class AsyncWorker:
                     expires_at=job.lease.expires_at,
                 )
                 self._running[entry.key] = entry
+                self._waiting.append(entry)
+            self._start_waiting()
+
+    def _wanted(self) -> int:
+        """How many tasks the next claim asks for (0: do not claim now).
+
+        Up to the free slots, plus the prefetch while handlers are short; the prefetch is
+        refilled once half of it has started, so that claims stay batched.
+        """
+        if not self.settings.batch:
+            return 1 if len(self._running) < self.settings.concurrency else 0
+        ahead = self._prefetch if self._mean_run < _SHORT_TASK else 0
+        if len(self._waiting) > ahead // 2:
+            return 0
+        return self.settings.concurrency + ahead - len(self._running)
+
+    def _start_waiting(self) -> None:
+        """Start claimed tasks while slots are free (never once the worker is stopping)."""
+        while self._waiting and self._active < self.settings.concurrency:
+            if self._stopping.is_set():
+                return  # the drain gives them back
+            entry = self._waiting.popleft()
+            assert entry.held is not None
+            if entry.held.lost.is_set():  # lost while it waited: it never ran
+                self._finish(entry)
+                continue
+            self._active += 1
+            entry.started = time.monotonic()
+            assert self._start is not None
+            self._start(entry)
+
+    def _start_job(self, threads: HandlerThreads, handler_queue: Queue, entry: _Running) -> None:
+        """Start a job's handler: an async one as a task of its own, a sync one on a handler
+        thread, whose return the loop collects (see :meth:`_collect`)."""
+        job, held = entry.job, entry.held
+        assert held is not None
+        if self._async_handler is not None:
+            entry.task = asyncio.create_task(
+                self._run_async(entry, self._async_handler),
+                name=f"agentlease-job-{job.task_id}-{job.attempt}",
+            )
+            return
+        assert self._sync_handler is not None
+        # Idempotent actions inside the handler are keyed on this task.
+        context = contextvars.copy_context()
+        context.run(enter_task, job.task_id, job.lease.attempt)
+        ctx = JobContext(job, held, self._forced, handler_queue)
+        entry.future = threads.submit(functools.partial(context.run, self._sync_handler, ctx))
+        entry.future.add_done_callback(functools.partial(self._returned_on_thread, entry))
+
+    def _returned_on_thread(self, entry: _Running, _: Future[JSON]) -> None:
+        """A sync handler returned (on its thread): have the loop collect it, waking the loop
+        once for all the handlers that return before it runs."""
+        self._returned.append(entry)
+        if self._collecting:
+            return
+        self._collecting = True
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(self._collect)
+
+    def _collect(self) -> None:
+        """On the loop: conclude the sync handlers that returned."""
+        self._collecting = False
+        while self._returned:
+            entry = self._returned.popleft()
+            if entry.over:
+                continue  # given up at shutdown while its thread still ran
+            future = entry.future
+            assert future is not None
+            self._ran(entry)
+            if future.cancelled():  # it never started (shutdown)
                 entry.task = asyncio.create_task(
-                    self._run_job(entry, heartbeat, threads, handler_queue),
-                    name=f"agentlease-job-{job.task_id}-{job.attempt}",
+                    self._conclude(entry, None, asyncio.CancelledError())
                 )
+                continue
+            exc = future.exception()
+            if exc is not None and not isinstance(exc, Exception):
+                self._finish(entry)
+                raise exc  # SystemExit, KeyboardInterrupt: as if raised by the loop
+            result = None if exc is not None else future.result()
+            if exc is None and self._completed(entry, result):
+                continue
+            entry.task = asyncio.create_task(self._conclude(entry, result, exc))
 
     async def _sleep(self, seconds: float | None) -> None:
         """Wait for a slot to free, a stop, or ``seconds``."""
@@ -320,21 +417,59 @@ class AsyncWorker:
         with contextlib.suppress(AgentLeaseError):
             await self.queue.release(job.lease, front=True)
 
-    async def _drain(self) -> None:
-        """Let running handlers finish within the grace period, then cancel them; leases go back
+    async def _drain(self, heartbeat: Heartbeat | None) -> None:
+        """Give back the tasks that never started, let running handlers finish within the grace
+        period, then cancel them; send the completions of those that returned. Leases go back
         only for handlers that can run no more (see the module docstring)."""
+        while self._waiting:
+            entry = self._waiting.popleft()
+            if heartbeat is not None and entry.held is not None and not entry.held.lost.is_set():
+                await self._give_back(entry.job)
+            self._finish(entry)
         deadline = time.monotonic() + self.settings.shutdown_grace
-        while self._running and not self._forced.is_set():
+        while self._running:
+            if self._done:
+                await self._flush()
+                continue
             left = deadline - time.monotonic()
-            if left <= 0:
+            if left <= 0 or self._forced.is_set() or self._active == 0:
                 break
             await self._sleep(left)
         self._forced.set()
-        tasks = [e.task for e in self._running.values() if e.task is not None]
-        for task in tasks:
-            task.cancel()
+        self._cancel_handlers()
+        await asyncio.sleep(0)  # sync handlers cancelled before they started are collected
+        tasks = [e.task for e in self._running.values() if e.task is not None and not e.task.done()]
         if tasks:
             await asyncio.wait(tasks, timeout=_UNWIND)
+        if self._done:
+            await self._flush()
+
+    def _cancel_handlers(self) -> None:
+        """Cancel every running handler: an async one is cancelled; a sync one that has not
+        started never will; a sync one still running keeps its lease until it expires."""
+        for entry in list(self._running.values()):
+            if entry.task is not None:
+                entry.task.cancel()
+            future, held = entry.future, entry.held
+            if future is None or future.done() or future.cancel():
+                continue
+            # Its thread still runs and may still write: the lease must not go back to the
+            # queue. It expires and is reaped, as after a crash.
+            assert held is not None
+            assert self._heartbeat is not None
+            self._heartbeat.lose(
+                held, "the worker stopped while this sync handler was still running"
+            )
+            lease = held.lease
+            logger.warning(
+                "sync handler for %s/%s (attempt %d) still running at shutdown: its lease is kept "
+                "and expires within %gs; then the task runs again",
+                lease.queue,
+                lease.task_id,
+                lease.attempt,
+                self.queue.settings.lease_for,
+            )
+            self._finish(entry)
 
     def _lost(self, entry: _Running, reason: str) -> None:
         """Called on a heartbeat thread when a lease is lost: cancel an async handler (a sync
@@ -349,88 +484,131 @@ class AsyncWorker:
         events = self._events or self.queue.events
         events.emit(name, lease.queue, lease.task_id, lease.attempt, **fields)
 
-    async def _run_job(
-        self,
-        entry: _Running,
-        heartbeat: Heartbeat,
-        threads: HandlerThreads,
-        handler_queue: Queue,
-    ) -> None:
-        queue = self.queue
-        job = entry.job
+    async def _run_async(self, entry: _Running, handler: AsyncHandler) -> None:
+        """An async handler's job: run it in this task, then conclude."""
+        job, held = entry.job, entry.held
+        assert held is not None
+        # Idempotent actions inside the handler are keyed on this task (each job runs in a task
+        # of its own, so this context is the job's).
+        enter_task(job.task_id, job.lease.attempt)
+        result: JSON = None
+        error: BaseException | None = None
+        try:
+            result = await handler(AsyncJobContext(job, held, self._forced, self.queue))
+        except (asyncio.CancelledError, Exception) as exc:
+            error = exc
+        finally:
+            self._ran(entry)
+        if error is None and self._completed(entry, result):
+            return
+        await self._conclude(entry, result, error)
+
+    def _completed(self, entry: _Running, result: JSON) -> bool:
+        """A handler returned ``result``: queue its completion for the next batch, without
+        waiting. False when the job needs :meth:`_conclude` (no batching, or a result that
+        cannot be stored)."""
         held = entry.held
         assert held is not None
-        lease = job.lease
-        # Idempotent actions inside the handler are keyed on this task (each job runs in a task
-        # of its own, so this context is the job's; a sync handler gets a copy of it).
-        enter_task(job.task_id, lease.attempt)
+        if not self.settings.batch:
+            return False
+        if held.lost.is_set():
+            self._refuse(entry.job, "complete")
+            self._finish(entry)
+            return True
         try:
-            try:
-                if self._async_handler is not None:
-                    ctx_a = AsyncJobContext(job, held, self._forced, queue)
-                    result = await self._async_handler(ctx_a)
-                else:
-                    assert self._sync_handler is not None
-                    ctx_s = JobContext(job, held, self._forced, handler_queue)
-                    context = contextvars.copy_context()
-                    entry.future = threads.submit(
-                        functools.partial(context.run, self._sync_handler, ctx_s)
-                    )
-                    result = await asyncio.wrap_future(entry.future)
-            except (asyncio.CancelledError, Cancelled):
-                if held.lost.is_set():
-                    return  # the lease is gone; nothing more may be written
-                if entry.future is not None and entry.future.running():
-                    # Its thread still runs and may still write: the lease must not go back to
-                    # the queue. It expires and is reaped, as after a crash.
-                    heartbeat.lose(
-                        held, "the worker stopped while this sync handler was still running"
-                    )
-                    logger.warning(
-                        "sync handler for %s/%s (attempt %d) still running at shutdown: its "
-                        "lease is kept and expires within %gs; then the task runs again",
-                        lease.queue,
-                        lease.task_id,
-                        lease.attempt,
-                        queue.settings.lease_for,
-                    )
-                    return
-                await self._give_back(job)  # shutdown past grace: the task runs again first
+            data = self.queue.encode_result(result)
+        except PayloadError:
+            return False
+        self._done.append((entry, data))
+        return True
+
+    async def _conclude(self, entry: _Running, result: JSON, error: BaseException | None) -> None:
+        """A job's final write (or none) after its handler returned or raised ``error``."""
+        queue, job, held = self.queue, entry.job, entry.held
+        assert held is not None
+        lease = job.lease
+        try:
+            if isinstance(error, asyncio.CancelledError | Cancelled):
+                if not held.lost.is_set():  # else the lease is gone: nothing may be written
+                    await self._give_back(job)  # shutdown past grace: it runs again first
                 return
-            except LeaseLost:
+            if isinstance(error, LeaseLost):
                 return  # a fenced write inside the handler was refused: the lease is gone
-            except Exception as exc:
+            if error is not None:
                 if held.lost.is_set():
                     self._refuse(job, "fail")
                     return
-                retry_in = self.settings.retry.retry_in(job.failures, exc, self._rand)
+                retry_in = self.settings.retry.retry_in(job.failures, error, self._rand)
                 await self._settle(
-                    held, functools.partial(queue.fail, held.lease, exc, retry_in=retry_in)
+                    held, functools.partial(queue.fail, held.lease, error, retry_in=retry_in)
                 )
                 return
             if held.lost.is_set():
                 self._refuse(job, "complete")
                 return
             try:
-                accepted = await self._settle(
-                    held, functools.partial(queue.complete, held.lease, result)
-                )
+                data = queue.encode_result(result)
             except PayloadError as exc:
                 # The handler returned something that cannot be stored: that never gets better.
                 await self._settle(
                     held, functools.partial(queue.fail, held.lease, exc, retry_in=None)
                 )
                 return
-            if not accepted:
-                return
-            self._emit("completed", lease, lease_age=time.monotonic() - held.ok_at)
+            accepted = await self._settle_many(
+                [held], functools.partial(queue.complete_encoded, [(held.lease, data)])
+            )
+            if accepted[0]:
+                self._emit("completed", lease, lease_age=time.monotonic() - held.ok_at)
         finally:
-            heartbeat.remove(held)
-            if self._running.get(entry.key) is entry:
-                del self._running[entry.key]
-            self.processed += 1
-            if self._wake is not None:
-                self._wake.set()
+            self._finish(entry)
+
+    def _ran(self, entry: _Running) -> None:
+        """A handler returned or raised: its slot is free for the next claimed task."""
+        self._active -= 1
+        took = time.monotonic() - entry.started
+        self._mean_run += (took - self._mean_run) * 0.2
+        self._start_waiting()
+        if self._wake is not None:
+            self._wake.set()
+
+    def _finish(self, entry: _Running) -> None:
+        """A job is over (its final write was sent, refused or given up): forget its lease."""
+        if entry.over:
+            return
+        entry.over = True
+        if entry.held is not None and self._heartbeat is not None:
+            self._heartbeat.remove(entry.held)
+        if self._running.get(entry.key) is entry:
+            del self._running[entry.key]
+        self.processed += 1
+        if self._wake is not None:
+            self._wake.set()
+
+    async def _flush(self) -> None:
+        """Send the completions waiting for a write, in one round trip (retried like
+        :meth:`_settle` while the store is unavailable and the leases are held)."""
+        batch, self._done = self._done, []
+        sending: list[tuple[_Running, bytes | None]] = []
+        for entry, data in batch:
+            assert entry.held is not None
+            if entry.held.lost.is_set():
+                self._refuse(entry.job, "complete")
+                self._finish(entry)
+            else:
+                sending.append((entry, data))
+        if not sending:
+            return
+        items = [(entry.held.lease, data) for entry, data in sending if entry.held is not None]
+        outcomes = await self._settle_many(
+            [e.held for e, _ in sending if e.held is not None],
+            functools.partial(self.queue.complete_encoded, items),
+        )
+        for (entry, _), outcome in zip(sending, outcomes, strict=True):
+            if outcome:
+                lease = entry.job.lease
+                ok_at = entry.held.ok_at if entry.held is not None else time.monotonic()
+                self._emit("completed", lease, lease_age=time.monotonic() - ok_at)
+            self._finish(entry)
 
     async def _settle(self, held: Held, write: Callable[[], Awaitable[object]]) -> bool:
         """Send a job's final write (complete or fail) and say whether the store accepted it.
@@ -462,6 +640,47 @@ class AsyncWorker:
                 logger.error("write for %s failed: %s", held.lease.task_id, exc)
                 return False
 
+    async def _settle_many(
+        self,
+        helds: list[Held],
+        write: Callable[[], Awaitable[list[LeaseLost | UnknownTask | None]]],
+    ) -> list[bool]:
+        """Send the completions of several jobs in one write (as :meth:`_settle` sends one) and
+        say, per job, whether the store accepted it."""
+        delay, retried = 0.05, False
+        while True:
+            try:
+                async with asyncio.timeout(self._call_timeout):
+                    outcomes = await write()
+                break
+            except (BackendUnavailable, TimeoutError) as exc:
+                if self._forced.is_set() or all(h.lost.is_set() for h in helds):
+                    logger.warning(
+                        "giving up the completion of %s: %s",
+                        ", ".join(h.lease.task_id for h in helds),
+                        exc or "timed out",
+                    )
+                    return [False] * len(helds)
+                retried = True
+                await asyncio.sleep(delay * self._rand.uniform(0.5, 1.0))
+                delay = min(1.0, delay * 2)
+            except BackendError as exc:
+                logger.error(
+                    "completion of %s failed: %s", ", ".join(h.lease.task_id for h in helds), exc
+                )
+                return [False] * len(helds)
+        accepted = []
+        for held, outcome in zip(helds, outcomes, strict=True):
+            if outcome is None:
+                accepted.append(True)
+            elif isinstance(outcome, LeaseLost):
+                # A retry refused may follow a first try that was applied but whose reply was lost.
+                accepted.append(retried and await self._applied(held.lease))
+            else:
+                logger.error("completion of %s refused: %s", held.lease.task_id, outcome)
+                accepted.append(False)
+        return accepted
+
     async def _applied(self, lease: Lease) -> bool:
         """Whether the store shows this lease's own final write (no later claim happened)."""
         try:
@@ -488,6 +707,8 @@ class _Running:
     held: Held | None = None
     task: asyncio.Task[None] | None = None
     future: Future[JSON] | None = None  # a sync handler's call on its thread
+    started: float = 0.0  # monotonic time its handler started
+    over: bool = False  # finished: its lease is no longer tracked
 
     @property
     def key(self) -> LeaseKey:

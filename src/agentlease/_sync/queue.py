@@ -213,6 +213,28 @@ class Queue:
             self._rejected(lease, "complete", exc)
             raise
 
+    def encode_result(self, result: JSON) -> bytes | None:
+        """A handler's result as :meth:`complete` stores it (``None`` stays ``None``).
+
+        Raises:
+            NotJSON, PayloadTooLarge: the result cannot be stored.
+        """
+        if result is None:
+            return None
+        return encode(result, what="result", limit=self.settings.max_payload_bytes)
+
+    def complete_encoded(
+        self, items: Sequence[tuple[Lease, bytes | None]]
+    ) -> list[LeaseLost | UnknownTask | None]:
+        """:meth:`complete_many` for results already passed through :meth:`encode_result`."""
+        if not items:
+            return []
+        outcomes = self.backend.complete_many(items)
+        for (lease, _), outcome in zip(items, outcomes, strict=True):
+            if isinstance(outcome, LeaseLost):
+                self._rejected(lease, "complete", outcome)
+        return outcomes
+
     def complete_many(
         self, items: Iterable[tuple[Lease, JSON]]
     ) -> list[LeaseLost | UnknownTask | None]:
@@ -228,18 +250,9 @@ class Queue:
         Raises:
             NotJSON, PayloadTooLarge: a result was refused; nothing was written.
         """
-        limit = self.settings.max_payload_bytes
-        batch = [
-            (lease, None if result is None else encode(result, what="result", limit=limit))
-            for lease, result in items
-        ]
-        if not batch:
-            return []
-        outcomes = self.backend.complete_many(batch)
-        for (lease, _), outcome in zip(batch, outcomes, strict=True):
-            if isinstance(outcome, LeaseLost):
-                self._rejected(lease, "complete", outcome)
-        return outcomes
+        return self.complete_encoded(
+            [(lease, self.encode_result(result)) for lease, result in items]
+        )
 
     def fail(
         self, lease: Lease, error: BaseException | str, *, retry_in: float | None

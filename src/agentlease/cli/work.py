@@ -110,6 +110,17 @@ def _connect_patiently(url: str, *, give_up_after: float | None) -> Backend:
 @click.option("--concurrency", "-c", type=int, default=1, show_default=True, help="Jobs at once.")
 @click.option("--lease-for", type=float, default=30.0, show_default=True, help="Lease seconds.")
 @click.option(
+    "--prefetch",
+    type=int,
+    default=None,
+    help="Tasks claimed ahead of a free slot while handlers are short (default: --concurrency).",
+)
+@click.option(
+    "--no-batch",
+    is_flag=True,
+    help="One task per claim and one completion per write (no batching).",
+)
+@click.option(
     "--max-failures",
     type=int,
     default=3,
@@ -131,6 +142,8 @@ def worker(
     queue_name: str,
     concurrency: int,
     lease_for: float,
+    prefetch: int | None,
+    no_batch: bool,
     max_failures: int,
     burst: bool,
     poll_interval: float,
@@ -154,6 +167,8 @@ def worker(
     handler = load_handler(handler_spec)
     settings = WorkerSettings(
         concurrency=concurrency,
+        batch=not no_batch,
+        prefetch=prefetch,
         retry=RetryPolicy(max_failures=max_failures),
         poll_interval=poll_interval,
         shutdown_grace=grace,
