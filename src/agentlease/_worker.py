@@ -11,8 +11,19 @@ Everything the worker tracks is keyed by the lease (task id and token), never by
 alone: after an outage longer than the lease the same worker often claims its own reaped task
 back (attempt 2) while attempt 1 still unwinds; the new claim makes attempt 1 lost at once.
 
+Batching. A claim asks for every free slot plus, while recent handlers took under 50 ms, up to
+``prefetch`` tasks more; those wait (their leases kept alive by the heartbeat) and start as soon
+as a slot frees. A handler's completion is queued, and one ``complete_many`` write sends all that
+are queued, always before the next claim: while one write is in flight the next batch gathers,
+so a SIGKILL can re-run only tasks whose handlers returned since the last write was sent or in it
+(never more than the ``concurrency + prefetch`` leases the worker holds).
+``batch=False`` claims one task at a time and writes each completion on its own. A sync handler
+runs on a pool thread; when it returns, the loop is woken once for every handler that returned
+meanwhile (:meth:`AsyncWorker._collect`), so the hot path creates no asyncio task per job.
+
 Shutdown (``stop()``, SIGTERM or SIGINT) stops claiming, lets running handlers finish within the
-grace period, then cancels what is left. A lease goes back to the front of its queue only when no
+grace period, then cancels what is left. Tasks claimed ahead that never started go back to
+the front at once. A lease goes back to the front of its queue only when no
 code of its handler can run any more: it never started, it returned, or (async) it was
 cancelled and has unwound. A sync handler still running on its thread keeps its lease, which
 expires and is reaped as after a crash (its late writes are refused). A second signal skips the
