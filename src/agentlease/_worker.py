@@ -275,16 +275,17 @@ class AsyncWorker:
         outage = Outage(self.queue.backend.url, self.name)
         self._start = functools.partial(self._start_job, threads, handler_queue)
         while not self._stopping.is_set():
-            if self._done:
-                await self._flush()  # completions reach the store before the next claim
-                continue
             want = self._wanted()
             if want <= 0:
-                await self._sleep(None)
+                if self._done:
+                    await self._flush()
+                else:
+                    await self._sleep(None)
                 continue
             sent_at = time.monotonic()
             try:
-                jobs = await self.queue.claim(self.name, want)
+                # Completions reach the store before the next claim (in the same call).
+                jobs = await self._flush_and_claim(want)
             except BackendRefused:
                 raise  # the same every time: the run ends with it
             except BackendError as exc:
@@ -323,12 +324,13 @@ class AsyncWorker:
         Up to the free slots, plus the prefetch while handlers are short; the prefetch is
         refilled once half of it has started, so that claims stay batched.
         """
+        held = len(self._running) - len(self._done)  # completions go before the claim
         if not self.settings.batch:
-            return 1 if len(self._running) < self.settings.concurrency else 0
+            return 1 if held < self.settings.concurrency else 0
         ahead = self._prefetch if self._mean_run < _SHORT_TASK else 0
         if len(self._waiting) > ahead // 2:
             return 0
-        return self.settings.concurrency + ahead - len(self._running)
+        return self.settings.concurrency + ahead - held
 
     def _start_waiting(self) -> None:
         """Start claimed tasks while slots are free (never once the worker is stopping)."""
@@ -355,6 +357,7 @@ class AsyncWorker:
                 self._run_async(entry, self._async_handler),
                 name=f"agentlease-job-{job.task_id}-{job.attempt}",
             )
+            entry.task.add_done_callback(functools.partial(self._never_began, entry))
             return
         assert self._sync_handler is not None
         # Idempotent actions inside the handler are keyed on this task.
@@ -448,10 +451,14 @@ class AsyncWorker:
             await self._sleep(left)
         self._forced.set()
         self._cancel_handlers()
-        await asyncio.sleep(0)  # sync handlers cancelled before they started are collected
-        tasks = [e.task for e in self._running.values() if e.task is not None and not e.task.done()]
-        if tasks:
-            await asyncio.wait(tasks, timeout=_UNWIND)
+        # Cancelled handlers unwind; those that never started give their tasks back.
+        unwind = time.monotonic() + _UNWIND
+        while (left := unwind - time.monotonic()) > 0:
+            await asyncio.sleep(0)  # sync handlers cancelled before they started are collected
+            tasks = [e.task for e in self._running.values() if e.task and not e.task.done()]
+            if not tasks:
+                break
+            await asyncio.wait(tasks, timeout=left)
         if self._done:
             await self._flush()
 
@@ -495,8 +502,20 @@ class AsyncWorker:
         events = self._events or self.queue.events
         events.emit(name, lease.queue, lease.task_id, lease.attempt, **fields)
 
+    def _never_began(self, entry: _Running, task: asyncio.Task[None]) -> None:
+        """An async job's task ended: if it was cancelled before its first step (a lease lost,
+        or a forced stop, right after it was started), its handler never ran."""
+        if entry.began:
+            return
+        self._ran(entry)
+        if entry.held is not None and entry.held.lost.is_set():
+            self._finish(entry)
+        else:  # it goes back to the front of the queue
+            entry.task = asyncio.create_task(self._conclude(entry, None, asyncio.CancelledError()))
+
     async def _run_async(self, entry: _Running, handler: AsyncHandler) -> None:
         """An async handler's job: run it in this task, then conclude."""
+        entry.began = True
         job, held = entry.job, entry.held
         assert held is not None
         # Idempotent actions inside the handler are keyed on this task (each job runs in a task
@@ -595,9 +614,8 @@ class AsyncWorker:
         if self._wake is not None:
             self._wake.set()
 
-    async def _flush(self) -> None:
-        """Send the completions waiting for a write, in one round trip (retried like
-        :meth:`_settle` while the store is unavailable and the leases are held)."""
+    def _take_done(self) -> list[tuple[_Running, bytes | None]]:
+        """The completions to send now; those of leases lost meanwhile are refused here."""
         batch, self._done = self._done, []
         sending: list[tuple[_Running, bytes | None]] = []
         for entry, data in batch:
@@ -607,19 +625,60 @@ class AsyncWorker:
                 self._finish(entry)
             else:
                 sending.append((entry, data))
+        return sending
+
+    @staticmethod
+    def _items(sending: list[tuple[_Running, bytes | None]]) -> list[tuple[Lease, bytes | None]]:
+        return [(entry.held.lease, data) for entry, data in sending if entry.held is not None]
+
+    def _concluded(
+        self, sending: list[tuple[_Running, bytes | None]], accepted: list[bool]
+    ) -> None:
+        for (entry, _), ok in zip(sending, accepted, strict=True):
+            if ok and entry.held is not None:
+                lease_age = time.monotonic() - entry.held.ok_at
+                self._emit("completed", entry.job.lease, lease_age=lease_age)
+            self._finish(entry)
+
+    async def _flush(
+        self, sending: list[tuple[_Running, bytes | None]] | None = None, *, retried: bool = False
+    ) -> None:
+        """Send the completions waiting for a write, in one round trip (retried like
+        :meth:`_settle` while the store is unavailable and the leases are held)."""
+        if sending is None:
+            sending = self._take_done()
         if not sending:
             return
-        items = [(entry.held.lease, data) for entry, data in sending if entry.held is not None]
-        outcomes = await self._settle_many(
+        accepted = await self._settle_many(
             [e.held for e, _ in sending if e.held is not None],
-            functools.partial(self.queue.complete_encoded, items),
+            functools.partial(self.queue.complete_encoded, self._items(sending)),
+            retried=retried,
         )
-        for (entry, _), outcome in zip(sending, outcomes, strict=True):
-            if outcome:
-                lease = entry.job.lease
-                ok_at = entry.held.ok_at if entry.held is not None else time.monotonic()
-                self._emit("completed", lease, lease_age=time.monotonic() - ok_at)
-            self._finish(entry)
+        self._concluded(sending, accepted)
+
+    async def _flush_and_claim(self, want: int) -> list[Job]:
+        """Send the waiting completions and claim ``want`` tasks in one call (one transaction
+        on SQLite and PostgreSQL). If it fails, the completions are sent again on their own,
+        with :meth:`_flush`'s retries, and the claim error is raised."""
+        sending = self._take_done()
+        if not sending:
+            return await self.queue.claim(self.name, want)
+        try:
+            async with asyncio.timeout(self._call_timeout):
+                outcomes, jobs = await self.queue.complete_encoded_and_claim(
+                    self._items(sending), self.name, want
+                )
+        except BackendRefused:
+            self._done[:0] = sending  # the drain tries them once more
+            raise
+        except (BackendError, TimeoutError) as exc:
+            await self._flush(sending, retried=True)
+            if isinstance(exc, TimeoutError):
+                raise BackendUnavailable(f"{self.queue.backend.url}: claim timed out") from exc
+            raise
+        helds = [e.held for e, _ in sending if e.held is not None]
+        self._concluded(sending, await self._accepted(helds, outcomes, retried=False))
+        return jobs
 
     async def _settle(self, held: Held, write: Callable[[], Awaitable[object]]) -> bool:
         """Send a job's final write (complete or fail) and say whether the store accepted it.
@@ -655,10 +714,13 @@ class AsyncWorker:
         self,
         helds: list[Held],
         write: Callable[[], Awaitable[list[LeaseLost | UnknownTask | None]]],
+        *,
+        retried: bool = False,
     ) -> list[bool]:
         """Send the completions of several jobs in one write (as :meth:`_settle` sends one) and
-        say, per job, whether the store accepted it."""
-        delay, retried = 0.05, False
+        say, per job, whether the store accepted it. ``retried``: an earlier try may have been
+        applied."""
+        delay = 0.05
         while True:
             try:
                 async with asyncio.timeout(self._call_timeout):
@@ -680,6 +742,12 @@ class AsyncWorker:
                     "completion of %s failed: %s", ", ".join(h.lease.task_id for h in helds), exc
                 )
                 return [False] * len(helds)
+        return await self._accepted(helds, outcomes, retried=retried)
+
+    async def _accepted(
+        self, helds: list[Held], outcomes: list[LeaseLost | UnknownTask | None], *, retried: bool
+    ) -> list[bool]:
+        """Per job, whether the store accepted its completion."""
         accepted = []
         for held, outcome in zip(helds, outcomes, strict=True):
             if outcome is None:
@@ -720,6 +788,7 @@ class _Running:
     future: Future[JSON] | None = None  # a sync handler's call on its thread
     started: float = 0.0  # monotonic time its handler started
     over: bool = False  # finished: its lease is no longer tracked
+    began: bool = False  # its async task took its first step
 
     @property
     def key(self) -> LeaseKey:

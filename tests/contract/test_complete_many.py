@@ -75,3 +75,43 @@ async def test_async_face(store: Store) -> None:
         assert (await q.stats(Q)).counts == {"done": 2}
     finally:
         await q.close()
+
+
+def test_complete_and_claim_applies_the_completions_before_the_claim(store: Store) -> None:
+    q = store.queue()
+    q.enqueue(Q, {"i": 0}, id="a0", partition="acct")
+    q.enqueue(Q, {"i": 1}, id="a1", partition="acct")  # parked until a0 is done
+    q.enqueue(Q, {"i": 2}, id="b0")
+    first = q.claim(Q, 5, lease_for=LIVE)
+    assert sorted(j.task_id for j in first) == ["a0", "b0"]
+    terms = q.settings.terms(LIVE)
+    outcomes, jobs, reaped = q.backend.complete_and_claim(
+        [(j.lease, b'"done"') for j in first], Q, 5, terms
+    )
+    assert outcomes == [None, None]
+    assert reaped == []
+    # a0's completion freed its partition within the same step: the claim takes a1.
+    assert [j.task_id for j in jobs] == ["a1"]
+    assert all(q.get(i).result == "done" for i in ("a0", "b0"))
+    assert q.get("a1").state == "leased"
+    outcomes, jobs, _ = q.backend.complete_and_claim([(jobs[0].lease, None)], Q, 5, terms)
+    assert (outcomes, jobs) == ([None], [])
+    assert q.get("a1").state == "done"
+
+
+def test_complete_and_claim_fences_each_completion_and_still_claims(store: Store) -> None:
+    q = store.queue()
+    q.enqueue(Q, "reaped", id="z")
+    (stale,) = q.claim(Q, lease_for=0.3)
+    time.sleep(0.5)
+    q.enqueue(Q, "next", id="n")
+    terms = q.settings.terms(LIVE)
+    outcomes, jobs, reaped = q.backend.complete_and_claim([(stale.lease, b'"late"')], Q, 5, terms)
+    (lost,) = outcomes
+    assert isinstance(lost, al.LeaseLost)
+    assert lost.task_id == "z"
+    # The claim reaped the stale lease and took both tasks, the reaped one first.
+    assert [j.task_id for j in jobs] == ["z", "n"]
+    assert [r.task_id for r in reaped] == ["z"]
+    assert q.get("z").result_json is None
+    assert q.backend.complete_and_claim([], Q, 5, terms) == ([], [], [])

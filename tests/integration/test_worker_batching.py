@@ -156,7 +156,7 @@ def test_a_stop_gives_the_tasks_claimed_ahead_back_to_the_front(face: str, store
         asyncio.run(main())
     assert ran == list(range(30))
     released = [e.task_id for e in events if e.name == "released"]
-    assert 4 <= len(released) <= 8  # the tasks claimed ahead (refilled when half had started)
+    assert 1 <= len(released) <= 8  # the tasks claimed ahead, never more than the prefetch
     tasks = {i: queue.get(i) for i in ids}
     assert sum(t.state == "done" for t in tasks.values()) == 30
     assert not [t for t in tasks.values() if t.state == "leased"]

@@ -233,6 +233,21 @@ class AsyncQueue:
                 self._rejected(lease, "complete", outcome)
         return outcomes
 
+    async def complete_encoded_and_claim(
+        self, items: Sequence[tuple[Lease, bytes | None]], queue: str, n: int
+    ) -> tuple[list[LeaseLost | UnknownTask | None], list[Job]]:
+        """:meth:`complete_encoded`, then :meth:`claim` of up to ``n`` tasks of ``queue``, in
+        as few round trips as the store allows (one transaction on SQLite and PostgreSQL)."""
+        outcomes, jobs, reaped = await self.backend.complete_and_claim(
+            items, check.queue_name(queue), check.batch_size(n), self._terms
+        )
+        for (lease, _), outcome in zip(items, outcomes, strict=True):
+            if isinstance(outcome, LeaseLost):
+                self._rejected(lease, "complete", outcome)
+        if reaped:
+            self._emit_reaped(reaped)
+        return outcomes, jobs
+
     async def complete_many(
         self, items: Iterable[tuple[Lease, JSON]]
     ) -> list[LeaseLost | UnknownTask | None]:

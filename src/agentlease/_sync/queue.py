@@ -235,6 +235,21 @@ class Queue:
                 self._rejected(lease, "complete", outcome)
         return outcomes
 
+    def complete_encoded_and_claim(
+        self, items: Sequence[tuple[Lease, bytes | None]], queue: str, n: int
+    ) -> tuple[list[LeaseLost | UnknownTask | None], list[Job]]:
+        """:meth:`complete_encoded`, then :meth:`claim` of up to ``n`` tasks of ``queue``, in
+        as few round trips as the store allows (one transaction on SQLite and PostgreSQL)."""
+        outcomes, jobs, reaped = self.backend.complete_and_claim(
+            items, check.queue_name(queue), check.batch_size(n), self._terms
+        )
+        for (lease, _), outcome in zip(items, outcomes, strict=True):
+            if isinstance(outcome, LeaseLost):
+                self._rejected(lease, "complete", outcome)
+        if reaped:
+            self._emit_reaped(reaped)
+        return outcomes, jobs
+
     def complete_many(
         self, items: Iterable[tuple[Lease, JSON]]
     ) -> list[LeaseLost | UnknownTask | None]:

@@ -97,6 +97,11 @@ class ThreadedAsyncBackend:
     ) -> list[LeaseLost | UnknownTask | None]:
         return await self._run(self._sync.complete_many, items)
 
+    async def complete_and_claim(
+        self, items: Sequence[tuple[Lease, bytes | None]], queue: str, n: int, terms: LeaseTerms
+    ) -> tuple[list[LeaseLost | UnknownTask | None], list[Job], list[Reaped]]:
+        return await self._run(self._sync.complete_and_claim, items, queue, n, terms)
+
     async def fail(self, lease: Lease, error_json: bytes, retry_in: float | None) -> Task:
         return await self._run(self._sync.fail, lease, error_json, retry_in)
 

@@ -114,6 +114,15 @@ class Backend(Protocol):
         """
         ...
 
+    def complete_and_claim(
+        self, items: Sequence[tuple[Lease, bytes | None]], queue: str, n: int, terms: LeaseTerms
+    ) -> tuple[list[LeaseLost | UnknownTask | None], list[Job], list[Reaped]]:
+        """:meth:`complete_many` then :meth:`claim`, in as few round trips as the store allows
+        (SQLite and PostgreSQL: one transaction). The completions are applied, each fenced on
+        its own, before the claim; the returns are those of the two primitives.
+        """
+        ...
+
     def fail(self, lease: Lease, error_json: bytes, retry_in: float | None) -> Task:
         """Record a raised error, fenced: retry after ``retry_in`` seconds, or dead-letter."""
         ...
@@ -325,6 +334,9 @@ class AsyncBackend(Protocol):
     async def complete_many(
         self, items: Sequence[tuple[Lease, bytes | None]]
     ) -> list[LeaseLost | UnknownTask | None]: ...
+    async def complete_and_claim(
+        self, items: Sequence[tuple[Lease, bytes | None]], queue: str, n: int, terms: LeaseTerms
+    ) -> tuple[list[LeaseLost | UnknownTask | None], list[Job], list[Reaped]]: ...
     async def fail(self, lease: Lease, error_json: bytes, retry_in: float | None) -> Task: ...
     async def release(self, lease: Lease, front: bool) -> None: ...
     async def progress(

@@ -318,6 +318,14 @@ class MemoryBackend(MemoryKeys, MemoryState):
             )
             self._finished(row, now)
 
+    def complete_and_claim(
+        self, items: Sequence[tuple[Lease, bytes | None]], queue: str, n: int, terms: LeaseTerms
+    ) -> tuple[list[LeaseLost | UnknownTask | None], list[Job], list[Reaped]]:
+        with self._lock:
+            outcomes = self.complete_many(items)
+            jobs, reaped = self.claim(queue, n, terms)
+        return outcomes, jobs, reaped
+
     def complete_many(
         self, items: Sequence[tuple[Lease, bytes | None]]
     ) -> list[LeaseLost | UnknownTask | None]:

@@ -318,22 +318,26 @@ class SQLiteBackend(SQLiteKeys, SQLiteState):
         if not work:
             return [], []
         with self._step(write=True) as db:
-            now = time.time()
-            db.execute(Q["promote"], {"queue": queue, "now": now})
-            reaped = self._reap(db, queue, now, terms.reap_front)
-            deadline = now + terms.max_total
-            expires = lease_expiry(now, terms.lease_for, deadline, now, terms.progress_timeout)
-            rows = db.execute(
-                Q["claim"],
-                {
-                    "queue": queue,
-                    "n": n,
-                    "now": now,
-                    "expires_at": expires,
-                    "deadline": deadline,
-                    "progress_timeout": terms.progress_timeout,
-                },
-            ).fetchall()
+            return self._claim(db, queue, n, terms, time.time())
+
+    def _claim(
+        self, db: sqlite3.Connection, queue: str, n: int, terms: LeaseTerms, now: float
+    ) -> tuple[list[Job], list[Reaped]]:
+        db.execute(Q["promote"], {"queue": queue, "now": now})
+        reaped = self._reap(db, queue, now, terms.reap_front)
+        deadline = now + terms.max_total
+        expires = lease_expiry(now, terms.lease_for, deadline, now, terms.progress_timeout)
+        rows = db.execute(
+            Q["claim"],
+            {
+                "queue": queue,
+                "n": n,
+                "now": now,
+                "expires_at": expires,
+                "deadline": deadline,
+                "progress_timeout": terms.progress_timeout,
+            },
+        ).fetchall()
         rows.sort(key=lambda r: (-r[5], r[8]))
         jobs = [
             Job(Lease(r[0], queue, r[1], r[2], now, expires), r[3], r[4], r[5], r[6], r[7])
@@ -361,16 +365,29 @@ class SQLiteBackend(SQLiteKeys, SQLiteState):
         out: list[LeaseLost | UnknownTask | None] = []
         if not items:
             return out
-        sql = Q["complete"]
         with self._step(write=True) as db:  # one transaction: one commit for the batch
+            return self._complete_many(db, items, time.time())
+
+    def complete_and_claim(
+        self, items: Sequence[tuple[Lease, bytes | None]], queue: str, n: int, terms: LeaseTerms
+    ) -> tuple[list[LeaseLost | UnknownTask | None], list[Job], list[Reaped]]:
+        with self._step(write=True) as db:  # one transaction: one commit for both
             now = time.time()
-            for lease, result_json in items:
-                params = {"id": lease.task_id, "token": lease.token, "now": now}
-                params["result"] = result_json
-                if db.execute(sql, params).rowcount == 1:
-                    out.append(None)
-                else:
-                    out.append(self._lost(db, lease, now))
+            outcomes = self._complete_many(db, items, now)
+            jobs, reaped = self._claim(db, queue, n, terms, now)
+        return outcomes, jobs, reaped
+
+    def _complete_many(
+        self, db: sqlite3.Connection, items: Sequence[tuple[Lease, bytes | None]], now: float
+    ) -> list[LeaseLost | UnknownTask | None]:
+        out: list[LeaseLost | UnknownTask | None] = []
+        sql = Q["complete"]
+        for lease, result_json in items:
+            params = {"id": lease.task_id, "token": lease.token, "now": now, "result": result_json}
+            if db.execute(sql, params).rowcount == 1:
+                out.append(None)
+            else:
+                out.append(self._lost(db, lease, now))
         return out
 
     def fail(self, lease: Lease, error_json: bytes, retry_in: float | None) -> Task:

@@ -279,27 +279,7 @@ class AsyncPostgresBackend(PostgresKeys, PostgresState):
         return out
 
     async def claim(self, queue: str, n: int, terms: LeaseTerms) -> tuple[list[Job], list[Reaped]]:
-        rows = await self._fetch(
-            Q["claim"],
-            {
-                "queue": queue,
-                "n": n,
-                "lease_for": terms.lease_for,
-                "max_total": terms.max_total,
-                "progress_timeout": terms.progress_timeout,
-                "front": terms.reap_front,
-            },
-        )
-        jobs: list[Job] = []
-        reaped: list[Reaped] = []
-        for task_id, outcome, token, attempt, payload, checkpoint, *rest in rows:
-            if outcome is None:
-                priority, failures, reclaims, leased_at, expires_at = rest
-                lease = Lease(task_id, queue, token, attempt, leased_at, expires_at)
-                jobs.append(Job(lease, payload, checkpoint, priority, failures, reclaims))
-            else:
-                reaped.append(Reaped(task_id, queue, attempt, outcome))
-        return jobs, reaped
+        return _claimed(queue, await self._fetch(Q["claim"], _claim_params(queue, n, terms)))
 
     async def extend(self, leases: Sequence[Lease], lease_for: float) -> list[Lease | None]:
         if not leases:
@@ -325,13 +305,41 @@ class AsyncPostgresBackend(PostgresKeys, PostgresState):
     ) -> list[LeaseLost | UnknownTask | None]:
         if not items:
             return []
-        params = {
-            "ids": [lease.task_id for lease, _ in items],
-            "tokens": [lease.token for lease, _ in items],
-            "results": [None if r is None else r.decode() for _, r in items],
-        }
         # One statement: each row is fenced on its own (token, expiry) and updated or not.
-        done = {(i, t) for i, t in await self._fetch(Q["complete_many"], params)}
+        done = {(i, t) for i, t in await self._fetch(Q["complete_many"], _completions(items))}
+        return await self._refusals(items, done)
+
+    async def complete_and_claim(
+        self, items: Sequence[tuple[Lease, bytes | None]], queue: str, n: int, terms: LeaseTerms
+    ) -> tuple[list[LeaseLost | UnknownTask | None], list[Job], list[Reaped]]:
+        if not items:
+            jobs, reaped = await self.claim(queue, n, terms)
+            return [], jobs, reaped
+        # Both statements in one transaction: one commit (one WAL flush) instead of two. A
+        # connection interrupted inside it (a timeout, a cancelled task) is closed, never
+        # returned to the pool with a transaction or results pending.
+        pool = self._pool or await self._ready()
+        try:
+            conn = await self._conn(pool)
+            try:
+                async with conn.transaction():
+                    cur = await conn.execute(Q["complete_many"], _completions(items))
+                    done = {(i, t) for i, t in await cur.fetchall()}
+                    cur = await conn.execute(Q["claim"], _claim_params(queue, n, terms))
+                    rows = await cur.fetchall()
+            except BaseException:
+                await conn.close()
+                raise
+            finally:
+                await pool.putconn(conn)
+        except psycopg.Error as exc:
+            raise translate(self.settings, exc) from exc
+        jobs, reaped = _claimed(queue, rows)
+        return await self._refusals(items, done), jobs, reaped
+
+    async def _refusals(
+        self, items: Sequence[tuple[Lease, bytes | None]], done: set[tuple[str, str]]
+    ) -> list[LeaseLost | UnknownTask | None]:
         out: list[LeaseLost | UnknownTask | None] = []
         for lease, _ in items:
             accepted = (lease.task_id, lease.token) in done
@@ -445,3 +453,38 @@ class AsyncPostgresBackend(PostgresKeys, PostgresState):
     def open_async(self) -> AsyncFace:
         """An asyncio backend on the same database, with its own pool (opened on first use)."""
         return async_face(self.settings, migrated=self._migrated)
+
+
+def _completions(items: Sequence[tuple[Lease, bytes | None]]) -> dict[str, Any]:
+    """The parameters of the complete_many statement."""
+    return {
+        "ids": [lease.task_id for lease, _ in items],
+        "tokens": [lease.token for lease, _ in items],
+        "results": [None if r is None else r.decode() for _, r in items],
+    }
+
+
+def _claim_params(queue: str, n: int, terms: LeaseTerms) -> dict[str, Any]:
+    """The parameters of the claim statement."""
+    return {
+        "queue": queue,
+        "n": n,
+        "lease_for": terms.lease_for,
+        "max_total": terms.max_total,
+        "progress_timeout": terms.progress_timeout,
+        "front": terms.reap_front,
+    }
+
+
+def _claimed(queue: str, rows: Sequence[Any]) -> tuple[list[Job], list[Reaped]]:
+    """The jobs and reaped tasks of the claim statement's rows."""
+    jobs: list[Job] = []
+    reaped: list[Reaped] = []
+    for task_id, outcome, token, attempt, payload, checkpoint, *rest in rows:
+        if outcome is None:
+            priority, failures, reclaims, leased_at, expires_at = rest
+            lease = Lease(task_id, queue, token, attempt, leased_at, expires_at)
+            jobs.append(Job(lease, payload, checkpoint, priority, failures, reclaims))
+        else:
+            reaped.append(Reaped(task_id, queue, attempt, outcome))
+    return jobs, reaped

@@ -247,6 +247,15 @@ class AsyncRedisBackend(RedisKeys, RedisState):
                 out[i] = _refusal(items[i][0], reply)
         return out
 
+    async def complete_and_claim(
+        self, items: Sequence[tuple[Lease, bytes | None]], queue: str, n: int, terms: LeaseTerms
+    ) -> tuple[list[LeaseLost | UnknownTask | None], list[Job], list[Reaped]]:
+        # Two round trips: a claim is never resent (see claim), so it cannot share the
+        # completions' pipeline, which is resent whole after a broken connection.
+        outcomes = await self.complete_many(items) if items else []
+        jobs, reaped = await self.claim(queue, n, terms)
+        return outcomes, jobs, reaped
+
     async def fail(self, lease: Lease, error_json: bytes, retry_in: float | None) -> Task:
         keys = queue_keys(self._prefix, lease.queue).fail
         wait = "" if retry_in is None else retry_in
