@@ -3,44 +3,15 @@
 Claim atomically, stamp each claim with a token and a fencing number, renew the lease while
 working, requeue expired leases to the front, and reject every write from a zombie whose lease was
 reaped. The public API is this module's ``__all__``; everything else is private.
+
+Only the exception tree is imported with the package: every other public name is imported on
+first use (:pep:`562`), so ``import agentlease`` (and ``agentlease worker``, which needs a few of
+them) does not load idempotency, shared state or the memory store it does not use.
 """
 
-from agentlease._async.holds import AsyncCounterHold
-from agentlease._async.idempotency import AsyncAction, AsyncIdempotency
-from agentlease._async.queue import AsyncQueue
-from agentlease._async.state import AsyncLockSet, AsyncSharedState
-from agentlease._codec import JSON
-from agentlease._context import AsyncJobContext, JobContext
-from agentlease._events import Event
-from agentlease._guards import ModelCall, held_locks, model_call
-from agentlease._idempotent import AsyncIdempotentFunction, IdempotentFunction, idempotent
-from agentlease._outcomes import NotApplied, Outcome
-from agentlease._policy.retry import RetryPolicy, full_jitter
-from agentlease._policy.transitions import StateMachine
-from agentlease._records import (
-    Enqueued,
-    Job,
-    KeyRecord,
-    KeyState,
-    Lease,
-    LeaseInfo,
-    QueueStats,
-    Reaped,
-    Task,
-    TaskSpec,
-    TaskState,
-    Versioned,
-)
-from agentlease._scope import current_fence, current_key, idempotency_scope
-from agentlease._settings import IdempotencySettings, QueueSettings
-from agentlease._sync.holds import CounterHold
-from agentlease._sync.idempotency import Action, Idempotency
-from agentlease._sync.queue import Queue
-from agentlease._sync.state import LockSet, SharedState
-from agentlease._versioned_sql import versioned_update
-from agentlease._worker import AsyncWorker, Worker, WorkerSettings
-from agentlease.backends import AsyncBackend, Backend, connect, connect_async
-from agentlease.backends.memory import MemoryBackend
+from importlib import import_module as _import_module
+from typing import TYPE_CHECKING
+
 from agentlease.errors import (
     AgentLeaseError,
     AuthenticationFailed,
@@ -82,7 +53,103 @@ from agentlease.errors import (
     WorkerError,
 )
 
+if TYPE_CHECKING:
+    from agentlease._async.holds import AsyncCounterHold
+    from agentlease._async.idempotency import AsyncAction, AsyncIdempotency
+    from agentlease._async.queue import AsyncQueue
+    from agentlease._async.state import AsyncLockSet, AsyncSharedState
+    from agentlease._codec import JSON
+    from agentlease._context import AsyncJobContext, JobContext
+    from agentlease._events import Event
+    from agentlease._guards import ModelCall, held_locks, model_call
+    from agentlease._idempotent import AsyncIdempotentFunction, IdempotentFunction, idempotent
+    from agentlease._outcomes import NotApplied, Outcome
+    from agentlease._policy.retry import RetryPolicy, full_jitter
+    from agentlease._policy.transitions import StateMachine
+    from agentlease._records import (
+        Enqueued,
+        Job,
+        KeyRecord,
+        KeyState,
+        Lease,
+        LeaseInfo,
+        QueueStats,
+        Reaped,
+        Task,
+        TaskSpec,
+        TaskState,
+        Versioned,
+    )
+    from agentlease._scope import current_fence, current_key, idempotency_scope
+    from agentlease._settings import IdempotencySettings, QueueSettings, WorkerSettings
+    from agentlease._sync.holds import CounterHold
+    from agentlease._sync.idempotency import Action, Idempotency
+    from agentlease._sync.queue import Queue
+    from agentlease._sync.state import LockSet, SharedState
+    from agentlease._versioned_sql import versioned_update
+    from agentlease._worker import AsyncWorker, Worker
+    from agentlease.backends import AsyncBackend, Backend, connect, connect_async
+    from agentlease.backends.memory import MemoryBackend
+
 __version__ = "0.1.0"
+
+# Each public name imported on first use, and the module that defines it.
+_LAZY = {
+    "AsyncCounterHold": "agentlease._async.holds",
+    "AsyncAction": "agentlease._async.idempotency",
+    "AsyncIdempotency": "agentlease._async.idempotency",
+    "AsyncQueue": "agentlease._async.queue",
+    "AsyncLockSet": "agentlease._async.state",
+    "AsyncSharedState": "agentlease._async.state",
+    "JSON": "agentlease._codec",
+    "AsyncJobContext": "agentlease._context",
+    "JobContext": "agentlease._context",
+    "Event": "agentlease._events",
+    "ModelCall": "agentlease._guards",
+    "held_locks": "agentlease._guards",
+    "model_call": "agentlease._guards",
+    "AsyncIdempotentFunction": "agentlease._idempotent",
+    "IdempotentFunction": "agentlease._idempotent",
+    "idempotent": "agentlease._idempotent",
+    "NotApplied": "agentlease._outcomes",
+    "Outcome": "agentlease._outcomes",
+    "RetryPolicy": "agentlease._policy.retry",
+    "full_jitter": "agentlease._policy.retry",
+    "StateMachine": "agentlease._policy.transitions",
+    "Enqueued": "agentlease._records",
+    "Job": "agentlease._records",
+    "KeyRecord": "agentlease._records",
+    "KeyState": "agentlease._records",
+    "Lease": "agentlease._records",
+    "LeaseInfo": "agentlease._records",
+    "QueueStats": "agentlease._records",
+    "Reaped": "agentlease._records",
+    "Task": "agentlease._records",
+    "TaskSpec": "agentlease._records",
+    "TaskState": "agentlease._records",
+    "Versioned": "agentlease._records",
+    "current_fence": "agentlease._scope",
+    "current_key": "agentlease._scope",
+    "idempotency_scope": "agentlease._scope",
+    "IdempotencySettings": "agentlease._settings",
+    "QueueSettings": "agentlease._settings",
+    "CounterHold": "agentlease._sync.holds",
+    "Action": "agentlease._sync.idempotency",
+    "Idempotency": "agentlease._sync.idempotency",
+    "Queue": "agentlease._sync.queue",
+    "LockSet": "agentlease._sync.state",
+    "SharedState": "agentlease._sync.state",
+    "versioned_update": "agentlease._versioned_sql",
+    "AsyncWorker": "agentlease._worker",
+    "Worker": "agentlease._worker",
+    "WorkerSettings": "agentlease._settings",
+    "AsyncBackend": "agentlease.backends",
+    "Backend": "agentlease.backends",
+    "connect": "agentlease.backends",
+    "connect_async": "agentlease.backends",
+    "MemoryBackend": "agentlease.backends.memory",
+}
+
 
 __all__ = [
     "JSON",
@@ -178,3 +245,17 @@ __all__ = [
     "model_call",
     "versioned_update",
 ]
+
+if not TYPE_CHECKING:  # hidden from type checkers, which would take any misspelt name for Any
+
+    def __getattr__(name: str) -> object:
+        module = _LAZY.get(name)
+        if module is None:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        value = getattr(_import_module(module), name)
+        globals()[name] = value  # the next lookup finds it without coming here
+        return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -469,7 +469,8 @@ def test_stats_show_hot_partitions(run) -> None:
 
 def test_the_worker_command_imports_no_other_command_no_rich_and_no_driver(tmp_path: Path) -> None:
     """Start-up: ``agentlease worker`` on SQLite loads its own module only (no bench, demo or
-    admin tables, no rich, no Redis or PostgreSQL driver)."""
+    admin tables, no rich, no Redis or PostgreSQL driver), and of the library only what a worker
+    uses (no idempotency, shared state, counter holds or memory store)."""
     code = textwrap.dedent(
         f"""
         import sys
@@ -481,7 +482,12 @@ def test_the_worker_command_imports_no_other_command_no_rich_and_no_driver(tmp_p
         except SystemExit as exc:
             assert not exc.code, exc.code
         prefixes = ("rich", "agentlease.cli", "agentlease.bench", "agentlease._demo", "redis",
-                    "psycopg")
+                    "psycopg", "agentlease._async.idempotency", "agentlease._sync.idempotency",
+                    "agentlease._idempotent", "agentlease._outcomes", "agentlease._renewal",
+                    "agentlease._async.state", "agentlease._sync.state", "agentlease._guards",
+                    "agentlease._versioned_sql", "agentlease._policy.transitions",
+                    "agentlease._async.holds", "agentlease._sync.holds",
+                    "agentlease.backends.memory", "agentlease.backends._memory")
         print(",".join(sorted(m for m in sys.modules if m.startswith(prefixes))))
         """
     )

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
+import pytest
+
 import agentlease
 
 PUBLIC = {
@@ -104,6 +109,36 @@ def test_public_names_are_pinned() -> None:
     assert set(agentlease.__all__) == PUBLIC
     for name in PUBLIC:
         assert hasattr(agentlease, name), name
+
+
+def test_importing_the_package_loads_only_the_exception_tree() -> None:
+    """The other public names are imported on first use: a worker does not pay for the rest."""
+    code = (
+        "import sys, agentlease\n"
+        "print(','.join(sorted(m for m in sys.modules if m.startswith('agentlease'))))\n"
+        "agentlease.Queue\n"
+        "print('agentlease._sync.queue' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], check=True, capture_output=True, text=True, timeout=60
+    )
+    assert out.stdout.split() == ["agentlease,agentlease.errors", "True"]
+
+
+def test_every_public_name_but_the_errors_is_imported_on_first_use() -> None:
+    import agentlease.errors as errors
+
+    assert set(agentlease._LAZY) == PUBLIC - set(errors.__all__) - {"__version__"}
+
+
+def test_every_public_name_is_listed_and_an_unknown_one_is_an_attribute_error() -> None:
+    assert set(dir(agentlease)) >= PUBLIC
+    with pytest.raises(AttributeError, match="has no attribute 'Queues'"):
+        agentlease.Queues  # type: ignore[attr-defined]  # noqa: B018
+    from agentlease import Queue, connect
+
+    assert Queue is agentlease.Queue
+    assert connect is agentlease.connect
 
 
 def test_sync_and_async_faces_have_the_same_method_names() -> None:

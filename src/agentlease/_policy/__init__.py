@@ -1,1 +1,1 @@
-"""Pure decisions with no I/O: lease arithmetic, backoff, retry. Each takes ``now`` and state."""
+"""Pure decisions, no I/O: lease arithmetic, retry and backoff, keys, transitions, record writes."""

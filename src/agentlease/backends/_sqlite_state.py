@@ -11,10 +11,10 @@ then expiry: every write of a counter first deletes its expired holds and takes 
 Atomicity: ``write_record``, ``add_counter``, ``hold_counter``, ``release_hold``,
 ``commit_hold`` and ``acquire_locks`` are one ``BEGIN IMMEDIATE`` transaction each, which holds
 the write lock from the read that decides to the write, so they decide in Python between the two
-(``write_record`` with the memory backend's
-:func:`~agentlease.backends._memory_state.check_write`). ``extend_hold``, ``extend_locks``,
-``release_locks`` and ``sweep_locks`` are one statement each; the reads are one statement each
-(one snapshot; ``get_counter`` leaves out the units of expired holds).
+(``write_record`` with :func:`~agentlease._policy.writes.check_write`, as the memory backend
+does). ``extend_hold``, ``extend_locks``, ``release_locks`` and ``sweep_locks`` are one statement
+each; the reads are one statement each (one snapshot; ``get_counter`` leaves out the units of
+expired holds).
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from agentlease._policy.writes import applied, check_write
 from agentlease._records import LockBusy, RecordWrite, StateRecord
-from agentlease.backends._memory_state import applied, check_write
 from agentlease.backends._sqlfile import queries
 from agentlease.errors import LimitReached
 

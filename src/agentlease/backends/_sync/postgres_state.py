@@ -11,8 +11,8 @@ Tables and functions are in ``sql/postgres_migrations/0003_state.sql`` (counter 
 * ``write_record`` calls ``agentlease_write_record()``, which locks the record's row (or inserts
   it, ``ON CONFLICT DO NOTHING``), checks fence, version and transition guard on what it holds
   and writes the fields, all in one transaction; a refusal comes back with the current record,
-  and the typed error is raised here by the memory backend's
-  :func:`~agentlease.backends._memory_state.check_write`, so every backend raises the same.
+  and the typed error is raised here by
+  :func:`~agentlease._policy.writes.check_write`, so every backend raises the same.
 * ``add_counter``, ``hold_counter``, ``release_hold`` and ``commit_hold`` call one function each
   (``0005_holds.sql``), which locks the counter's row, reads the clock, gives back the units of
   the counter's holds that ran out, and decides on that value; ``extend_hold`` is one
@@ -31,8 +31,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, LiteralString
 
+from agentlease._policy.writes import check_write
 from agentlease._records import LockBusy, RecordWrite, StateRecord
-from agentlease.backends._memory_state import check_write
 from agentlease.backends._postgres_driver import Q
 from agentlease.errors import BackendError, LimitReached
 

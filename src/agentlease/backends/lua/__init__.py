@@ -9,8 +9,9 @@ the helpers its ``-- helpers:`` line names, prepended after its ``#!lua`` line, 
 ``-- helpers here:`` line names inside a rare branch, defined in that branch. The task record's
 field positions (``F_STATE`` ...) are written into the text as numbers. Every call of a script
 makes its helpers' closures anew, and a closure that used a local constant would capture it as
-an upvalue: both are cost on every claim and completion. Scripts are called by SHA and loaded
-again on NOSCRIPT (after a restart, a failover or ``SCRIPT FLUSH``); see
+an upvalue: both are cost on every claim and completion. A script is put together the first time
+it is asked for (:data:`SCRIPTS`), so a process pays only for those it sends. Scripts are called
+by SHA and loaded again on NOSCRIPT (after a restart, a failover or ``SCRIPT FLUSH``); see
 ``_async/redis_link.py``.
 
 Key layout. Every key of one queue carries the hash tag ``{<prefix>:<queue>}``, so a queue lives
@@ -77,6 +78,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
@@ -168,12 +170,15 @@ class Script:
     sha: str
 
 
+Helpers = dict[str, tuple[list[str], str]]
+"""Helper sections by name, in file order: (the helpers each one needs, its text)."""
+
 _HELPER = re.compile(r"^-- @helper (\w+):(.*)$", re.MULTILINE)
 _USES = re.compile(r"^-- helpers:(.*)$", re.MULTILINE)
 _HERE = re.compile(r"^[ \t]*-- helpers here:(.*)$", re.MULTILINE)
 
 
-def _helpers(lib: str) -> dict[str, tuple[list[str], str]]:
+def _helpers(lib: str) -> Helpers:
     """``_lib.lua``'s sections: name -> (the helpers it needs, its text), in file order."""
     parts = _HELPER.split(lib)
     return {
@@ -182,7 +187,7 @@ def _helpers(lib: str) -> dict[str, tuple[list[str], str]]:
     }
 
 
-def _needed(helpers: dict[str, tuple[list[str], str]], wanted: list[str]) -> set[str]:
+def _needed(helpers: Helpers, wanted: list[str]) -> set[str]:
     """The helpers ``wanted`` and those they need."""
     needed: set[str] = set()
     stack = list(wanted)
@@ -196,7 +201,7 @@ def _needed(helpers: dict[str, tuple[list[str], str]], wanted: list[str]) -> set
     return needed
 
 
-def _text(helpers: dict[str, tuple[list[str], str]], names: set[str]) -> str:
+def _text(helpers: Helpers, names: set[str]) -> str:
     """The text of the helpers ``names``, in file order."""
     return "".join(text for name, (_, text) in helpers.items() if name in names)
 
@@ -205,7 +210,7 @@ _FIELDS = re.compile(r"^local (F_\w+(?:, F_\w+)*) = (\d+(?:, \d+)*)\n", re.MULTI
 _NAME = re.compile(r"\bF_\w+")
 
 
-def _fields(helpers: dict[str, tuple[list[str], str]]) -> dict[str, str]:
+def _fields(helpers: Helpers) -> dict[str, str]:
     """The record's field positions, by name, taken out of the ``constants`` section.
 
     Scripts get them as numbers (see :func:`_inline`), not as locals: a helper that used a local
@@ -228,7 +233,7 @@ def _inline(text: str, positions: dict[str, str], name: str) -> str:
     return _NAME.sub(lambda m: positions.get(m.group(0), m.group(0)), text)
 
 
-def _branches(helpers: dict[str, tuple[list[str], str]], top: set[str], body: str) -> str:
+def _branches(helpers: Helpers, top: set[str], body: str) -> str:
     """``body`` with each "-- helpers here:" line (in a branch) replaced by the helpers it names
     and what they need beyond ``top``: calls that skip the branch never make their closures."""
 
@@ -238,29 +243,69 @@ def _branches(helpers: dict[str, tuple[list[str], str]], top: set[str], body: st
     return _HERE.sub(here, body)
 
 
+def _libs(files: Traversable) -> tuple[Helpers, dict[str, str]]:
+    """The helpers of :data:`LIBS` by name, and the record's field positions."""
+    helpers: Helpers = {}
+    for lib in LIBS:
+        helpers |= _helpers(files.joinpath(lib).read_text(encoding="utf-8"))
+    return helpers, _fields(helpers)
+
+
+def _build(files: Traversable, name: str, helpers: Helpers, positions: dict[str, str]) -> Script:
+    """The script ``name`` as it is sent: its file with the helpers it needs, fields inlined."""
+    body = files.joinpath(f"{name}.lua").read_text(encoding="utf-8")
+    shebang, _, rest = body.partition("\n")
+    uses = _USES.search(rest)
+    if not shebang.startswith("#!lua") or uses is None:
+        raise RuntimeError(f"{name}.lua must start with #!lua and name its helpers")
+    top = _needed(helpers, ["constants", *uses.group(1).split()])
+    code = f"{_text(helpers, top)}-- {name}.lua\n{_branches(helpers, top, rest)}"
+    code = _inline(code, positions, name)
+    text = f"{shebang}\n{code}".encode()
+    return Script(name, text, hashlib.sha1(text).hexdigest())
+
+
 def _load(files: Traversable | None = None) -> dict[str, Script]:
     """Every script of :data:`NAMES`, from this package's files (or those of ``files``)."""
     files = files or resources.files(__name__)
-    helpers: dict[str, tuple[list[str], str]] = {}
-    for lib in LIBS:
-        helpers |= _helpers(files.joinpath(lib).read_text(encoding="utf-8"))
-    positions = _fields(helpers)
-    scripts = {}
-    for name in NAMES:
-        body = files.joinpath(f"{name}.lua").read_text(encoding="utf-8")
-        shebang, _, rest = body.partition("\n")
-        uses = _USES.search(rest)
-        if not shebang.startswith("#!lua") or uses is None:
-            raise RuntimeError(f"{name}.lua must start with #!lua and name its helpers")
-        top = _needed(helpers, ["constants", *uses.group(1).split()])
-        code = f"{_text(helpers, top)}-- {name}.lua\n{_branches(helpers, top, rest)}"
-        code = _inline(code, positions, name)
-        text = f"{shebang}\n{code}".encode()
-        scripts[name] = Script(name, text, hashlib.sha1(text).hexdigest())
-    return scripts
+    helpers, positions = _libs(files)
+    return {name: _build(files, name, helpers, positions) for name in NAMES}
 
 
-SCRIPTS = _load()
+class _Scripts(Mapping[str, Script]):
+    """Every script of :data:`NAMES` by name, each built from its file when first asked for.
+
+    A process sends a few of the scripts (a worker: claim, extend, complete and fail), and
+    building one takes several regular-expression passes over its text: building all 31 when
+    the module is imported cost every process that opens a Redis store a few milliseconds. Two
+    threads that ask for the same script at once both build it; the texts are identical and
+    either one is kept.
+    """
+
+    def __init__(self) -> None:
+        self._built: dict[str, Script] = {}
+        self._libs: tuple[Traversable, Helpers, dict[str, str]] | None = None
+
+    def __getitem__(self, name: str) -> Script:
+        try:
+            return self._built[name]
+        except KeyError:
+            if name not in NAMES:
+                raise
+        if self._libs is None:
+            files = resources.files(__name__)
+            self._libs = (files, *_libs(files))
+        script = self._built[name] = _build(self._libs[0], name, *self._libs[1:])
+        return script
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(NAMES)
+
+    def __len__(self) -> int:
+        return len(NAMES)
+
+
+SCRIPTS: Mapping[str, Script] = _Scripts()
 
 
 @dataclass(frozen=True, slots=True)
