@@ -11,7 +11,8 @@ How it is timed: from the first completion to the last, as the store recorded th
 processes have exited, every task is read back with :meth:`~agentlease.Queue.get` (untimed):
 its ``finished_at`` is stamped by the store, with the store's clock, in the step that accepts the
 completion, so the span from the earliest to the latest excludes interpreter start-up and the
-workers' exit, and nothing polls the store while the workers run. The same read checks that
+workers' exit, and nothing polls the store while the workers run. T completions span T - 1
+intervals: the rate is (T - 1) / span. The same read checks that
 every task is done (else the bench fails) and counts the tasks claimed more than once
 (``attempt > 1``: a no-op should never be). The end-to-end time, also reported, runs on this
 machine's monotonic clock from launching the first process to the exit of the last: start-up,
@@ -99,10 +100,14 @@ class WorkerRow:
     claimed_again: int
 
     @property
+    def counted(self) -> str:
+        """``N processes`` (or ``1 process``)."""
+        return f"{self.processes} process{'' if self.processes == 1 else 'es'}"
+
+    @property
     def name(self) -> str:
         """The row's label."""
-        unit = "process" if self.processes == 1 else "processes"
-        return f"worker, {self.processes} {unit}"
+        return f"worker, {self.counted}"
 
     @property
     def tasks(self) -> int:
@@ -115,8 +120,9 @@ class WorkerRow:
 
     @property
     def ops_per_s(self) -> float:
-        """Tasks per second through the workers, first to last completion, best round."""
-        return self._best(self.sizes, self.seconds)
+        """Tasks per second through the workers, first to last completion, best round: n
+        completions span n - 1 intervals, so a round of n tasks counts n - 1 (0 if n is 1)."""
+        return self._best(tuple(n - 1 for n in self.sizes), self.seconds)
 
     @property
     def end_to_end_ops_per_s(self) -> float:
@@ -136,7 +142,7 @@ class WorkerRow:
             "backend": self.backend,
             "mode": "worker",
             "handler": HANDLER,
-            "baseline": f"{self.processes} processes, raw claim + complete one task at a time",
+            "baseline": f"{self.counted}, raw claim + complete one task at a time",
             "tasks": self.tasks,
             "rounds": len(self.sizes),
             "workers": self.processes,
@@ -297,7 +303,7 @@ def run_workers(
         sides: tuple[Side, Side] = ("library", "raw") if index % 2 == 0 else ("raw", "library")
         for side in sides:
             if progress is not None and bar is not None:
-                progress.update(bar, description=f"worker, {processes} processes ({side})")
+                progress.update(bar, description=f"worker row ({side})")
                 progress.refresh()
             queue = f"bench-{run}-worker-{index}"
             if side == "library":
@@ -348,12 +354,11 @@ def workers_table(rows: list[WorkerRow], url: str) -> Table:
         )
     if rows:
         r = rows[0]
-        again = f"; {r.claimed_again} tasks claimed twice" if r.claimed_again else ""
+        again = f"; {r.claimed_again} tasks claimed more than once" if r.claimed_again else ""
         table.caption = (
             f"worker: {HANDLER} in `agentlease worker --burst --concurrency {r.concurrency}` "
-            f"processes, first to last "
-            f"completion (end to end: launch to exit, start-up included); raw: "
-            f"{r.processes} processes of the one-task claim + complete loop{again}"
+            "processes, first to last completion (end to end: launch to exit, start-up "
+            f"included); raw: {r.counted} of the one-task claim + complete loop{again}"
         )
     return table
 
