@@ -8,7 +8,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import click
 import pytest
+
+import agentlease as al
+from agentlease.bench.workers import drain_with_workers
 
 KEYS = {"name", "backend", "ops_per_s", "baseline_ops_per_s", "ratio", "tasks", "batch", "workers"}
 CLAIM_MODES = ("claim_complete", "claim_only")
@@ -51,7 +55,7 @@ def bench(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 )
 def test_bench_json_shape(tmp_path: Path, backend: str | None, kind: str) -> None:
     args = ["--json", "--tasks", "200", "--processes", "2", "--batch", "20", "--keys", "0"]
-    args += ["--guards", "0"]
+    args += ["--guards", "0", "--worker-tasks", "0"]
     if backend == "sqlite":
         args += ["--backend", f"sqlite:///{tmp_path / 'bench.db'}"]
     elif backend is not None:
@@ -113,7 +117,7 @@ def check_key_rows(everything: list[dict[str, Any]], kind: str, calls: int) -> N
 )
 def test_bench_idempotency_rows(tmp_path: Path, backend: str | None, kind: str) -> None:
     args = ["--json", "--tasks", "30", "--processes", "1", "--batch", "5", "--keys", "30"]
-    args += ["--guards", "0"]
+    args += ["--guards", "0", "--worker-tasks", "0"]
     if backend == "sqlite":
         args += ["--backend", f"sqlite:///{tmp_path / 'bench.db'}"]
     elif backend is not None:
@@ -152,7 +156,7 @@ def check_guard_rows(everything: list[dict[str, Any]], kind: str, calls: int) ->
 )
 def test_bench_guard_rows(tmp_path: Path, backend: str | None, kind: str) -> None:
     args = ["--json", "--tasks", "30", "--processes", "1", "--batch", "5", "--keys", "0"]
-    args += ["--guards", "30"]
+    args += ["--guards", "30", "--worker-tasks", "0"]
     if backend == "sqlite":
         args += ["--backend", f"sqlite:///{tmp_path / 'bench.db'}"]
     elif backend is not None:
@@ -217,6 +221,8 @@ def test_bench_json_on_served_stores(
         "30",
         "--guards",
         "30",
+        "--worker-tasks",
+        "0",
         "--backend",
         url,
         cwd=tmp_path,
@@ -244,3 +250,45 @@ def test_bench_json_on_served_stores(
         assert row["ops_per_s"] > 0
         assert row["baseline_ops_per_s"] > 0
         assert row["ratio"] == pytest.approx(row["ops_per_s"] / row["baseline_ops_per_s"], abs=1e-3)
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "redis", "postgres"])
+def test_bench_worker_row(tmp_path: Path, kind: str, request: pytest.FixtureRequest) -> None:
+    if kind == "sqlite":
+        url = f"sqlite:///{tmp_path / 'bench.db'}"
+    else:
+        url = request.getfixturevalue(f"served_url_{kind}")
+    args = ["--json", "--tasks", "3", "--processes", "1", "--batch", "2", "--keys", "0"]
+    args += ["--guards", "0", "--worker-tasks", "60", "--worker-processes", "2"]
+    done = bench(*args, "--worker-concurrency", "3", "--backend", url, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    everything = json.loads(done.stdout)
+    (row,) = [r for r in everything if r.get("mode") == "worker"]
+    assert row["name"] == "worker, 2 processes"
+    assert row["backend"] == ("postgresql" if kind == "postgres" else kind)
+    assert row["handler"] == "agentlease.bench.noop_handler:noop"
+    assert (row["tasks"], row["rounds"], row["workers"], row["concurrency"]) == (60, 3, 2, 3)
+    assert row["ops_per_s"] > 0
+    assert row["baseline_ops_per_s"] > 0
+    assert row["end_to_end_ops_per_s"] > 0
+    assert row["ratio"] == pytest.approx(row["ops_per_s"] / row["baseline_ops_per_s"], abs=1e-3)
+    assert len(row["drain_s"]) == len(row["end_to_end_s"]) == len(row["baseline_s"]) == 3
+    # Every task done, none claimed twice (the bench reads each one back).
+    assert (row["completed"], row["claimed_again"]) == (60, 0)
+    if kind == "sqlite":  # the library's queues are left on a SQLite --backend: look again
+        q = al.Queue(al.connect(url))
+        try:
+            queues = [name for name in q.queues() if "-worker-" in name]
+            assert len(queues) == 3
+            assert [q.stats(name).counts for name in queues] == [{"done": 20}] * 3
+        finally:
+            q.close()
+        assert {p.name for p in tmp_path.iterdir()} == {"bench.db"}
+
+
+def test_bench_worker_failure_names_its_stderr() -> None:
+    with pytest.raises(click.ClickException) as failed:
+        drain_with_workers("nosuch://x", "q", 2, 1, 10)
+    message = failed.value.message
+    assert "agentlease.bench.noop_handler:noop) exited with status 2" in message
+    assert "unsupported backend URL" in message

@@ -11,6 +11,11 @@ its baseline's, and reports each side's best round; only the claim/complete loop
   loop on one queue, started together; throughput is all tasks over the wall time;
 * claim only, one by one and batch B: the claim rate alone, to compare batch with one-by-one.
 
+Then the worker row (``--worker-tasks``, 0 to skip; see :mod:`agentlease.bench.workers`):
+``--worker-processes`` real ``agentlease worker --burst`` processes with a no-op handler, timed
+from the first completion to the last (and end to end, start-up included), beside as many
+processes of the raw one-task claim + complete loop. Not on memory:// (one process's store).
+
 The baseline of a SQLite row issues the backend's own statements from ``sql/sqlite.sql`` straight
 through :mod:`sqlite3` on a fresh database with the same schema and PRAGMAs, in the same loop
 shape; the baseline of a memory row calls the :class:`~agentlease.MemoryBackend` primitives
@@ -73,6 +78,15 @@ from agentlease.bench.loops import (
     drain_together,
     split,
     sqlite_synchronous,
+)
+from agentlease.bench.workers import (
+    DEFAULT_CONCURRENCY,
+    DEFAULT_PROCESSES,
+    DEFAULT_WORKER_TASKS,
+    WorkerRow,
+    run_workers,
+    served_workers,
+    workers_table,
 )
 from agentlease.cli._app import cli, console, err_console, reports_errors
 from agentlease.cli.admin import print_json
@@ -354,6 +368,28 @@ def _scratch(url: str | None) -> Iterator[tuple[str, Path]]:
     help="Calls of each shared-state guard row (compare_and_set; lock acquire + release), "
     "split over 3 rounds, beside as many raw operations; 0 skips the rows.",
 )
+@click.option(
+    "--worker-tasks",
+    type=click.IntRange(min=0),
+    default=DEFAULT_WORKER_TASKS,
+    show_default=True,
+    help="Tasks of the worker row (agentlease worker processes with a no-op handler), split "
+    "over 3 rounds, beside as many through the raw loop; 0 skips the row.",
+)
+@click.option(
+    "--worker-processes",
+    type=click.IntRange(1, 64),
+    default=DEFAULT_PROCESSES,
+    show_default=True,
+    help="agentlease worker processes of the worker row (and raw processes beside them).",
+)
+@click.option(
+    "--worker-concurrency",
+    type=click.IntRange(1, 1000),
+    default=DEFAULT_CONCURRENCY,
+    show_default=True,
+    help="--concurrency of each agentlease worker of the worker row.",
+)
 @reports_errors
 def bench(
     url: str | None,
@@ -364,6 +400,9 @@ def bench(
     latency: bool,
     keys: int,
     guards: int,
+    worker_tasks: int,
+    worker_processes: int,
+    worker_concurrency: int,
 ) -> None:
     """Measure claim+complete throughput, and the cost of @idempotent and of shared-state
     guards, beside raw baselines.
@@ -385,6 +424,11 @@ def bench(
     acquired and released (ideally 2), beside a conditional acquire and an owner-checked
     release: an upsert and an UPDATE (SQLite, PostgreSQL), SET NX PX and a script (Redis).
 
+    Then the worker row (not on memory://): --worker-processes `agentlease worker --burst`
+    processes with a no-op handler drain --worker-tasks tasks, timed from the first completion
+    to the last as the store stamped them (and end to end, start-up included), beside as many
+    processes of the raw loop that claims and completes one task at a time.
+
     Redis and PostgreSQL rows run in a fresh key prefix or schema, deleted afterwards; on a
     SQLite --backend, tasks are left in bench-* queues, keys in its idempotency table, and
     bench-guards-* records and locks.
@@ -395,6 +439,7 @@ def bench(
         if not as_json:
             also = f" and {keys} idempotent calls" if keys else ""
             also += f" and {guards} guard calls" if guards else ""
+            also += f" and {worker_tasks} worker tasks" if worker_tasks else ""
             err_console.print(
                 f"bench: {tasks} tasks a row{also} on {served} (fresh namespace)", soft_wrap=True
             )
@@ -408,7 +453,16 @@ def bench(
             keys=keys,
             guards=guards,
         )
-        _report(served, as_json, *measured)
+        worker_rows = []
+        if worker_tasks:
+            worker_rows = served_workers(
+                served,
+                kind,
+                worker_tasks,
+                processes=worker_processes,
+                concurrency=worker_concurrency,
+            )
+        _report(served, as_json, *measured, workers=worker_rows)
         return
     with _scratch(url) as (target, scratch):
         stores = Stores(target, scratch)
@@ -417,6 +471,8 @@ def bench(
             if not as_json:
                 also = f" and 2 rows x {keys} idempotent calls" if keys else ""
                 also += f" and 2 rows x {guards} guard calls" if guards else ""
+                if worker_tasks and stores.targets is not None:
+                    also += f" and {worker_tasks} worker tasks"
                 err_console.print(
                     f"bench: {len(plan)} rows x {tasks} tasks{also} in {ROUNDS} rounds, each "
                     f"beside its raw baseline, on {target}",
@@ -433,11 +489,20 @@ def bench(
                 *columns, console=err_console, transient=True, auto_refresh=False
             ) as progress:
                 rows = run_bench(stores, plan, tasks, progress=progress)
+                worker_rows = []
+                if worker_tasks:
+                    worker_rows = run_workers(
+                        stores,
+                        worker_tasks,
+                        processes=worker_processes,
+                        concurrency=worker_concurrency,
+                        progress=progress,
+                    )
                 key_rows = local_keys(target, scratch, keys, progress) if keys else []
                 guard_rows = local_guards(target, scratch, guards, progress) if guards else []
         finally:
             stores.close()
-    _report(target, as_json, rows, key_rows, guard_rows)
+    _report(target, as_json, rows, key_rows, guard_rows, workers=worker_rows)
 
 
 def _report(
@@ -447,14 +512,19 @@ def _report(
     key_rows: list[KeyRow],
     guard_rows: list[GuardRow],
     extra: list[dict[str, JSON]] | None = None,
+    *,
+    workers: list[WorkerRow] | None = None,
 ) -> None:
     """Print every row: one JSON list, or tables (and, on a served store, ``extra`` lines)."""
     versus = _versus_one_at_a_time(rows)
     if as_json:
-        micro = [r.as_json() for r in key_rows] + [r.as_json() for r in guard_rows]
+        micro = [r.as_json() for r in workers or []]
+        micro += [r.as_json() for r in key_rows] + [r.as_json() for r in guard_rows]
         print_json([r.as_json() for r in rows] + versus + micro + (extra or []))
         return
     console.print(_table(rows, url))
+    if workers:
+        console.print(workers_table(workers, url))
     if key_rows:
         console.print(keys_table(key_rows, url))
     if guard_rows:

@@ -1,8 +1,13 @@
 """The ``bench`` rows on a served store (Redis or PostgreSQL): which backend module measures
-them, and the latency lines (claim latency deep vs shallow, one extend of 10,000 leases)."""
+them, the latency lines (claim latency deep vs shallow, one extend of 10,000 leases), and the
+fresh library and baseline stores the worker row (:mod:`agentlease.bench.workers`) runs on."""
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from agentlease._codec import JSON
@@ -10,9 +15,9 @@ from agentlease.bench.guards import GuardRow
 from agentlease.bench.keys import KeyRow
 
 if TYPE_CHECKING:
-    from agentlease.bench.command import Row
+    from agentlease.bench.command import Row, Stores
 
-__all__ = ["SERVED", "latency_rows", "measure"]
+__all__ = ["SERVED", "fresh_stores", "latency_rows", "measure"]
 
 SERVED = ("redis", "rediss", "postgresql", "postgres")
 
@@ -98,3 +103,36 @@ def latency_rows(
         }
     )
     return rows
+
+
+@contextmanager
+def fresh_stores(url: str, kind: str) -> Iterator[Stores]:
+    """The library and its raw baseline on the server of ``url``, as the throughput rows use
+    them (``RedisStores``: a fresh key prefix and the raw one's; ``PostgresStores``: a fresh
+    library schema and a raw one), deleted afterwards."""
+    if kind.startswith("redis"):
+        from agentlease.bench import redis_link
+        from agentlease.bench.redis_rows import RedisStores
+
+        prefix = f"bench-{uuid.uuid4().hex[:8]}"
+        try:
+            redis_stores = RedisStores(redis_link.with_prefix(url, prefix))
+            try:
+                yield redis_stores
+            finally:
+                redis_stores.close()
+        finally:
+            redis_link.drop(url, prefix)
+        return
+    from agentlease.backends._postgres_url import parse
+    from agentlease.bench import postgres_rows
+
+    library = postgres_rows._fresh_schema(parse(url), "agentlease_bench")
+    try:
+        postgres_stores = postgres_rows.PostgresStores(library.url, Path("."))
+        try:
+            yield postgres_stores
+        finally:
+            postgres_stores.close()
+    finally:
+        postgres_rows._drop(library)
