@@ -50,7 +50,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
-from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TypeAlias, cast
 
@@ -65,7 +64,7 @@ from agentlease._records import Job, Lease
 from agentlease._scope import enter_task
 from agentlease._settings import WorkerSettings, heartbeat_interval
 from agentlease._sync.queue import Queue
-from agentlease._threads import HandlerThreads
+from agentlease._threads import Call, HandlerThreads
 from agentlease.backends.base import Backend
 from agentlease.errors import (
     AgentLeaseError,
@@ -364,10 +363,12 @@ class AsyncWorker:
         context = contextvars.copy_context()
         context.run(enter_task, job.task_id, job.lease.attempt)
         ctx = JobContext(job, held, self._forced, handler_queue)
-        entry.future = threads.submit(functools.partial(context.run, self._sync_handler, ctx))
-        entry.future.add_done_callback(functools.partial(self._returned_on_thread, entry))
+        entry.future = threads.submit(
+            functools.partial(context.run, self._sync_handler, ctx),
+            functools.partial(self._returned_on_thread, entry),
+        )
 
-    def _returned_on_thread(self, entry: _Running, _: Future[JSON]) -> None:
+    def _returned_on_thread(self, entry: _Running, _: Call[JSON]) -> None:
         """A sync handler returned (on its thread): have the loop collect it, waking the loop
         once for all the handlers that return before it runs."""
         self._returned.append(entry)
@@ -394,11 +395,11 @@ class AsyncWorker:
                     self._conclude(entry, None, asyncio.CancelledError())
                 )
                 continue
-            exc = future.exception()
+            exc = future.error
             if exc is not None and not isinstance(exc, Exception):
                 self._finish(entry)
                 raise exc  # SystemExit, KeyboardInterrupt: as if raised by the loop
-            result = None if exc is not None else future.result()
+            result = future.result
             if exc is None and self._completed(entry, result):
                 continue
             entry.task = asyncio.create_task(self._conclude(entry, result, exc))
@@ -785,7 +786,7 @@ class _Running:
     job: Job
     held: Held | None = None
     task: asyncio.Task[None] | None = None
-    future: Future[JSON] | None = None  # a sync handler's call on its thread
+    future: Call[JSON] | None = None  # a sync handler's call on its thread
     started: float = 0.0  # monotonic time its handler started
     over: bool = False  # finished: its lease is no longer tracked
     began: bool = False  # its async task took its first step
