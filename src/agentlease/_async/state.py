@@ -32,7 +32,6 @@ import os
 import random
 import socket
 import time
-import uuid
 from collections.abc import Callable, Iterable
 from types import TracebackType
 
@@ -58,6 +57,14 @@ from .holds import AsyncCounterHold
 __all__ = ["AsyncCounterHold", "AsyncLockSet", "AsyncSharedState"]
 
 _HOST = socket.gethostname()
+_where = [f"{_HOST}:{os.getpid()}"]  # the start of this process's lock owners (see AsyncLockSet)
+
+
+def _forked() -> None:
+    _where[0] = f"{_HOST}:{os.getpid()}"
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 def _lapsed(held: AsyncLockSet | AsyncCounterHold) -> LockLost | HoldLost:
@@ -89,7 +96,7 @@ class AsyncLockSet:
         self.tokens: dict[str, int] = {}
         self._state = state
         self._ttl = ttl
-        self._owner = f"{_HOST}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+        self._owner = f"{_where[0]}:{os.urandom(6).hex()}"
         self._renewal: Renewing | None = None
         self._scope_token: object = None
 
