@@ -237,8 +237,8 @@ FROM agentlease_requeue_dead(
 );
 
 -- name: key_reserve
--- One call of agentlease_reserve_key() (postgres_migrations/0002_keys.sql): insert, take over or
--- report the key, in one transaction on one clock reading.
+-- One call of agentlease_reserve_key() (postgres_migrations/0006_leaner_calls.sql): insert,
+-- take over or report the key, in one transaction on one clock reading.
 SELECT reserved, taken_over, key, state, fingerprint, fence, holder, expires_at, result, error,
        created_at, finished_at, purge_at, now
 FROM agentlease_reserve_key(

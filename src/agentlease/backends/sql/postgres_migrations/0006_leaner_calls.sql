@@ -14,6 +14,9 @@
 --    did; a version that moved while it waited fails the check); only a write that UPDATE did
 --    not apply takes the locked read and decides as before. A replacing write that succeeds
 --    returns the fields it wrote (the record's fields, exactly) instead of reading them back.
+-- 3. agentlease_reserve_key (0002_keys.sql), same signature and outcome: the reservation's token
+--    is drawn only by a call that goes on to write, not by one that answers from its first read
+--    (a replay, a live duplicate, a conflict).
 
 -- Lease up to p_n ready tasks of p_queue, as agentlease_claim does (promote due tasks, reap
 -- expired leases, then lease by (priority DESC, seq) with FOR UPDATE SKIP LOCKED), in one
@@ -251,5 +254,112 @@ BEGIN
            array(SELECT f.value FROM agentlease_record_fields f
                  WHERE f.key = p_key ORDER BY f.field)
     FROM agentlease_records r WHERE r.key = p_key;
+END
+$$;
+
+-- Reserve p_key for one attempt, or say why not: see 0002_keys.sql, and 3. above.
+CREATE OR REPLACE FUNCTION agentlease_reserve_key(
+    p_key text,
+    p_fingerprint text,
+    p_holder text,
+    p_hold_for double precision,
+    p_window double precision
+)
+RETURNS TABLE (
+    reserved text,
+    taken_over boolean,
+    key text,
+    state text,
+    fingerprint text,
+    fence bigint,
+    holder text,
+    expires_at double precision,
+    result bytea,
+    error bytea,
+    created_at double precision,
+    finished_at double precision,
+    purge_at double precision,
+    now double precision
+)
+LANGUAGE plpgsql VOLATILE
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_hold   interval := make_interval(secs => p_hold_for);
+    v_window interval := make_interval(secs => p_window);
+    v_token  text;
+    v_now    timestamptz;
+    v_row    agentlease_keys;
+    v_won    boolean := false;
+    v_taken  boolean := false;
+BEGIN
+    -- A replay, a live duplicate or a conflict writes nothing: answer it from a plain read, with
+    -- no row lock (a lock would give the call a transaction id and a WAL flush at commit). Only a
+    -- call that may write goes on to the locked path below, which decides again.
+    v_now := clock_timestamp();
+    SELECT k.* INTO v_row FROM agentlease_keys k WHERE k.key = p_key;
+    IF FOUND AND v_row.purge_at > v_now
+       AND NOT (v_row.state = 'in_flight' AND v_row.expires_at <= v_now
+                AND (v_row.fingerprint = p_fingerprint OR v_row.token IS NULL)) THEN
+        RETURN QUERY SELECT
+            NULL::text, false, v_row.key, v_row.state, v_row.fingerprint, v_row.fence,
+            v_row.holder, extract(epoch FROM v_row.expires_at)::float8, v_row.result,
+            v_row.error, extract(epoch FROM v_row.created_at)::float8,
+            extract(epoch FROM v_row.finished_at)::float8,
+            extract(epoch FROM v_row.purge_at)::float8, extract(epoch FROM v_now)::float8;
+        RETURN;
+    END IF;
+
+    v_token := replace(gen_random_uuid()::text, '-', '');
+    LOOP
+        v_now := clock_timestamp();
+        INSERT INTO agentlease_keys AS k
+            (key, state, fingerprint, token, fence, holder, expires_at, created_at, purge_at)
+        VALUES
+            (p_key, 'in_flight', p_fingerprint, v_token, 1, p_holder, v_now + v_hold, v_now,
+             v_now + v_hold + v_window)
+        ON CONFLICT ON CONSTRAINT agentlease_keys_pkey DO NOTHING
+        RETURNING k.* INTO v_row;
+        IF FOUND THEN
+            v_won := true;
+            EXIT;
+        END IF;
+
+        SELECT k.* INTO v_row FROM agentlease_keys k WHERE k.key = p_key FOR UPDATE;
+        IF FOUND THEN
+            v_now := clock_timestamp();  -- after any wait for the row lock
+            IF v_row.purge_at <= v_now
+               OR (v_row.state = 'in_flight' AND v_row.expires_at <= v_now
+                   AND (v_row.fingerprint = p_fingerprint OR v_row.token IS NULL)) THEN
+                v_won := true;
+                v_taken := v_row.purge_at > v_now;
+                UPDATE agentlease_keys k
+                SET state = 'in_flight',
+                    fingerprint = p_fingerprint,
+                    token = v_token,
+                    fence = k.fence + 1,
+                    holder = p_holder,
+                    expires_at = v_now + v_hold,
+                    result = NULL,
+                    error = NULL,
+                    created_at = CASE WHEN v_taken THEN k.created_at ELSE v_now END,
+                    finished_at = NULL,
+                    purge_at = v_now + v_hold + v_window
+                WHERE k.key = p_key
+                RETURNING k.* INTO v_row;
+            END IF;
+            EXIT;
+        END IF;
+    END LOOP;
+
+    RETURN QUERY SELECT
+        CASE WHEN v_won THEN v_token END, v_taken, v_row.key, v_row.state, v_row.fingerprint,
+        v_row.fence, v_row.holder, extract(epoch FROM v_row.expires_at)::float8, v_row.result,
+        v_row.error, extract(epoch FROM v_row.created_at)::float8,
+        extract(epoch FROM v_row.finished_at)::float8, extract(epoch FROM v_row.purge_at)::float8,
+        extract(epoch FROM v_now)::float8;
 END
 $$;
