@@ -28,6 +28,7 @@ Written once for asyncio; the synchronous face is generated from this file by sc
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import socket
@@ -57,14 +58,27 @@ from .holds import AsyncCounterHold
 __all__ = ["AsyncCounterHold", "AsyncLockSet", "AsyncSharedState"]
 
 _HOST = socket.gethostname()
-_where = [f"{_HOST}:{os.getpid()}"]  # the start of this process's lock owners (see AsyncLockSet)
 
 
-def _forked() -> None:
-    _where[0] = f"{_HOST}:{os.getpid()}"
+class _Owners:
+    """The owners of this process's lock sets: host, pid and 8 random hex digits drawn at start
+    (so that a pid the system reuses later never names the same owner), then a number that no
+    other lock set of the process takes (``itertools.count`` is atomic under the GIL). A forked
+    child starts afresh."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self._prefix = f"{_HOST}:{os.getpid()}:{os.urandom(4).hex()}"
+        self._numbers = itertools.count(1)
+
+    def next(self) -> str:
+        return f"{self._prefix}:{next(self._numbers)}"
 
 
-os.register_at_fork(after_in_child=_forked)
+_OWNERS = _Owners()
+os.register_at_fork(after_in_child=_OWNERS.reset)
 
 
 def _lapsed(held: AsyncLockSet | AsyncCounterHold) -> LockLost | HoldLost:
@@ -96,7 +110,7 @@ class AsyncLockSet:
         self.tokens: dict[str, int] = {}
         self._state = state
         self._ttl = ttl
-        self._owner = f"{_where[0]}:{os.urandom(6).hex()}"
+        self._owner = _OWNERS.next()
         self._renewal: Renewing | None = None
         self._scope_token: object = None
 
