@@ -53,8 +53,42 @@ class _Bound:
             "fail_on": tuple(fail_on),
             "release_on": tuple(release_on),
         }
+        # A signature of plain parameters (no *args, **kwargs, positional- or keyword-only)
+        # binds by name and position without inspect: the arguments of most tools.
+        params = self.signature.parameters.values()
+        plain = all(p.kind is p.POSITIONAL_OR_KEYWORD for p in params)
+        self._names = tuple(p.name for p in params) if plain else None
+        self._defaults = {p.name: p.default for p in params if p.default is not p.empty}
 
     def args(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        """The action's arguments: bound to the signature, defaults applied, ``exclude`` left
+        out (the key's canonical JSON sorts them, so their order does not matter).
+
+        Raises:
+            TypeError: the arguments do not fit the signature (as calling the function would).
+        """
+        names = self._names
+        if names is not None and len(args) <= len(names):
+            out = dict(zip(names, args, strict=False))  # the rest: by name or default
+            if len(args) < len(names) or kwargs:
+                used = 0
+                for name in names[len(args) :]:
+                    if name in kwargs:
+                        out[name] = kwargs[name]
+                        used += 1
+                    elif name in self._defaults:
+                        out[name] = self._defaults[name]
+                    else:
+                        return self._bind(args, kwargs)  # missing: inspect says which
+                if used != len(kwargs):
+                    return self._bind(args, kwargs)  # unknown or repeated: inspect says which
+            if self.exclude:
+                for name in self.exclude:
+                    del out[name]
+            return out
+        return self._bind(args, kwargs)
+
+    def _bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
         bound = self.signature.bind(*args, **kwargs)
         bound.apply_defaults()
         return {k: v for k, v in bound.arguments.items() if k not in self.exclude}

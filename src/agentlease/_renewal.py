@@ -129,9 +129,13 @@ class _Base:
         return entry.renewed_at + entry.every / 2 < self._wakes_at
 
     def _closed(self, entry: Renewing) -> Any:
-        self.check(entry)
         with self._lock:
+            if entry.lost is None and time.monotonic() >= entry.deadline:
+                entry.lost = self._lapsed(entry.lease)
             self._open.discard(entry)
+            lost = entry.lost
+        if lost is not None:
+            raise lost
         return entry.lease
 
     def _lost(self, entry: Renewing, exc: Exception) -> None:
@@ -225,8 +229,9 @@ class Renewals(_Base):
     def open(self, lease: object, length: float, *, sent: float | None = None) -> Renewing:
         """Start renewing ``lease``, which lasts ``length`` seconds from ``sent``; see
         :meth:`AsyncRenewals.open`."""
-        entry = self._add(lease, length, sent)
+        entry = Renewing(lease, length, time.monotonic() if sent is None else sent)
         with self._lock:
+            self._open.add(entry)
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._run, name="agentlease-renewals", daemon=True

@@ -232,13 +232,15 @@ def test_bench_json_on_served_stores(
     check_key_rows(everything, "postgresql" if kind == "postgres" else kind, 30)
     check_guard_rows(everything, "postgresql" if kind == "postgres" else kind, 30)
     rows = [r for r in everything if r.get("mode") in CLAIM_MODES]
-    # Redis adds the two batching-off rows beside the raw loop through redis-py's client API.
-    context = [r for r in rows if r["name"].endswith("(client-API raw)")]
+    # Redis adds the two batching-off rows beside the raw loop through redis-py's client API,
+    # and the batch claim row beside the plain claim script.
+    context = [r for r in rows if r["name"].endswith(("(client-API raw)", "(plain claim script)"))]
     assert len(rows) == 5 + len(context)
     assert [r["name"] for r in context] == (
         [
             "claim+complete, batching off (client-API raw)",
             "claim+complete, 2 processes (client-API raw)",
+            "claim only, batch 10 (plain claim script)",
         ]
         if kind == "redis"
         else []

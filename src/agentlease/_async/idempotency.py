@@ -79,6 +79,14 @@ __all__ = ["AsyncAction", "AsyncIdempotency"]
 logger = logging.getLogger("agentlease.idempotency")
 T = TypeVar("T")
 _HOST = socket.gethostname()
+_where = [f"{_HOST}:{os.getpid()}"]  # who holds this process's reservations (see _holder)
+
+
+def _forked() -> None:
+    _where[0] = f"{_HOST}:{os.getpid()}"
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 def _lapsed(hold: KeyHold) -> ReservationLost:
@@ -377,7 +385,17 @@ class AsyncIdempotency:
             MissingIdentity: no task or step id is known.
             NotJSON: the arguments are not plain JSON.
         """
-        scope = _scope.current_scope()
+        return self._identity(_scope.current_scope(), tool, args, step, task_id, key)
+
+    @staticmethod
+    def _identity(
+        scope: _scope.Scope,
+        tool: str,
+        args: object,
+        step: str | None,
+        task_id: str | None,
+        key: str | None,
+    ) -> tuple[str, str]:
         step_id = step if step is not None else scope.step
         if key is not None:
             return check_key(key), fingerprint(args, tool, step_id)
@@ -395,9 +413,8 @@ class AsyncIdempotency:
         return key_and_fingerprint(task, step_id, tool, args)
 
     @staticmethod
-    def _holder() -> str:
-        scope = _scope.current_scope()
-        where = f"{_HOST}:{os.getpid()}"
+    def _holder(scope: _scope.Scope) -> str:
+        where = _where[0]
         if scope.task_id is None:
             return where
         attempt = "" if scope.attempt is None else f" attempt {scope.attempt}"
@@ -443,12 +460,12 @@ class AsyncIdempotency:
             MissingIdentity, NotJSON: the action cannot be keyed.
         """
         derived = key is None
-        key, fp = self.identity(tool, args, step=step, task_id=task_id, key=key)
+        scope = _scope.current_scope()
+        key, fp = self._identity(scope, tool, args, step, task_id, key)
         settings = self.settings
-        holder = self._holder()
+        holder = self._holder(scope)
         if wait is None:
-            in_job = _scope.current_scope().attempt is not None
-            wait = settings.hold_for + 1.0 if in_job else 0.0
+            wait = settings.hold_for + 1.0 if scope.attempt is not None else 0.0
         give_up = time.monotonic() + max(0.0, float(wait))
         pause = 0.02
         while True:

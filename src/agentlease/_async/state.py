@@ -28,11 +28,11 @@ Written once for asyncio; the synchronous face is generated from this file by sc
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import socket
 import time
-import uuid
 from collections.abc import Callable, Iterable
 from types import TracebackType
 
@@ -58,6 +58,27 @@ from .holds import AsyncCounterHold
 __all__ = ["AsyncCounterHold", "AsyncLockSet", "AsyncSharedState"]
 
 _HOST = socket.gethostname()
+
+
+class _Owners:
+    """The owners of this process's lock sets: host, pid and 8 random hex digits drawn at start
+    (so that a pid the system reuses later never names the same owner), then a number that no
+    other lock set of the process takes (``itertools.count`` is atomic under the GIL). A forked
+    child starts afresh."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self._prefix = f"{_HOST}:{os.getpid()}:{os.urandom(4).hex()}"
+        self._numbers = itertools.count(1)
+
+    def next(self) -> str:
+        return f"{self._prefix}:{next(self._numbers)}"
+
+
+_OWNERS = _Owners()
+os.register_at_fork(after_in_child=_OWNERS.reset)
 
 
 def _lapsed(held: AsyncLockSet | AsyncCounterHold) -> LockLost | HoldLost:
@@ -89,7 +110,7 @@ class AsyncLockSet:
         self.tokens: dict[str, int] = {}
         self._state = state
         self._ttl = ttl
-        self._owner = f"{_HOST}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+        self._owner = _OWNERS.next()
         self._renewal: Renewing | None = None
         self._scope_token: object = None
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from functools import lru_cache
 
 import orjson
 
@@ -80,13 +81,39 @@ def _canonical(value: object, path: str) -> JSON:
     )
 
 
+def _plain(value: object) -> bool:
+    """Whether ``value`` is plain JSON already in canonical form (no float that is an integer,
+    nothing JSON cannot hold), so that it can be encoded as it is, without the copy
+    :func:`_canonical` makes."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if v is None or type(v) is str or type(v) is bool or type(v) is int:
+            continue
+        if type(v) is dict:
+            for k in v:
+                if type(k) is not str:
+                    return False
+            stack.extend(v.values())
+        elif type(v) is list or type(v) is tuple:
+            stack.extend(v)
+        elif type(v) is float:
+            if not math.isfinite(v) or v.is_integer():
+                return False
+        else:
+            return False
+    return True
+
+
 def canonical_json(value: object) -> bytes:
     """The canonical JSON encoding of ``value``.
 
     Raises:
         NotJSON: ``value`` holds something JSON cannot represent.
     """
-    plain = _canonical(value, "$")
+    # Most arguments need no rewriting: check them, and encode them as they are. Anything else
+    # (an integral float, or something to refuse with the path that names it) is rebuilt.
+    plain = value if _plain(value) else _canonical(value, "$")
     try:
         return orjson.dumps(plain, option=orjson.OPT_SORT_KEYS)
     except (TypeError, orjson.JSONEncodeError) as exc:  # an int past 64 bits
@@ -154,11 +181,17 @@ def key_and_fingerprint(task_id: str, step_id: str, tool: str, args: object) -> 
     for what, part in (("task id", task_id), ("step id", step_id), ("tool name", tool)):
         _check_part(what, part)
     canonical = canonical_json(args)
-    # The canonical JSON of [version, task, step, tool, args], built around the arguments'
-    # encoding (compact JSON: the array's closing bracket is its last byte).
-    identity = orjson.dumps([KEY_VERSION, task_id, step_id, tool])[:-1] + b"," + canonical + b"]"
-    key = hashlib.sha256(b"agentlease-key/%d\x00" % KEY_VERSION + identity).hexdigest()
+    key = hashlib.sha256(_key_head(task_id, step_id, tool) + canonical + b"]").hexdigest()
     return key, _fingerprint(tool, step_id, canonical)
+
+
+@lru_cache(maxsize=1024)
+def _key_head(task_id: str, step_id: str, tool: str) -> bytes:
+    """What the key's hash reads before the arguments' encoding: the domain, then the canonical
+    JSON of [version, task, step, tool, args] up to the arguments (compact JSON: the array's
+    closing bracket is its last byte). A task's calls of one tool in one step share it."""
+    identity = orjson.dumps([KEY_VERSION, task_id, step_id, tool])[:-1] + b","
+    return b"agentlease-key/%d\x00" % KEY_VERSION + identity
 
 
 def _check_part(what: str, part: object) -> None:
@@ -170,13 +203,18 @@ def _check_part(what: str, part: object) -> None:
 
 
 def _fingerprint(tool: str, step: str | None, canonical: bytes) -> str:
-    # The canonical JSON of [version, tool, step, args], built around the arguments' encoding.
-    head = orjson.dumps([FINGERPRINT_VERSION, tool, step])[:-1]
-    digest = hashlib.sha256(
-        b"agentlease-args/%d\x00" % FINGERPRINT_VERSION + head + b"," + canonical + b"]"
-    ).hexdigest()
+    head, label = _fingerprint_parts(tool, step)
+    return f"{FINGERPRINT_VERSION}:{hashlib.sha256(head + canonical + b']').hexdigest()}:{label}"
+
+
+@lru_cache(maxsize=1024)
+def _fingerprint_parts(tool: str, step: str | None) -> tuple[bytes, str]:
+    """What a fingerprint's hash reads before the arguments' encoding (the domain, then the
+    canonical JSON of [version, tool, step, args] up to the arguments), and its label: the same
+    for every call of one tool in one step."""
+    head = orjson.dumps([FINGERPRINT_VERSION, tool, step])[:-1] + b","
     label = orjson.dumps([tool[:_LABEL], None if step is None else step[:_LABEL]]).decode()
-    return f"{FINGERPRINT_VERSION}:{digest}:{label}"
+    return b"agentlease-args/%d\x00" % FINGERPRINT_VERSION + head, label
 
 
 def check_key(key: object) -> str:

@@ -91,8 +91,8 @@ class KeyTable:
         stale = self._keys.get(key)
         row = self._live(key, now)
         expires = now + hold_for
-        token = secrets.token_hex(16)
         if row is None:
+            token = secrets.token_hex(16)
             fence = 1 if stale is None else stale.fence + 1
             row = _Key("in_flight", fingerprint, fence, holder, token, expires, now, 0.0)
             self._keys[key] = row
@@ -109,6 +109,7 @@ class KeyTable:
         )
         if not takeover:
             return self._record(key, row, now)
+        token = secrets.token_hex(16)
         row.fence += 1
         row.fingerprint = fingerprint
         row.holder = holder

@@ -3,9 +3,12 @@
 Keys live in ``agentlease_keys`` (schema version 2, ``sql/sqlite.sql``). ``reserve_key`` answers
 a replay, a live duplicate or a conflict from a read without the write lock (the rule is
 :func:`~agentlease._policy.keys.reservable`); anything else is one ``BEGIN IMMEDIATE``
-transaction (read the key, then one ``INSERT ... ON CONFLICT DO UPDATE ... WHERE ...
-RETURNING``, where the statement decides again). The holder writes are single statements fenced
-by the token; ``purge_keys`` deletes through the index on ``purge_at``.
+transaction: one ``INSERT ... ON CONFLICT DO UPDATE ... WHERE ... RETURNING`` that decides
+again. A key that the read found absent or past its window is inserted by a statement that
+takes only such a row (a new action: no takeover to report); a key that is live by then, or was
+live when read, is read again under the write lock first, to tell a takeover. The holder
+writes are single statements fenced by the token; ``purge_keys`` deletes through the index on
+``purge_at``.
 """
 
 from __future__ import annotations
@@ -52,7 +55,6 @@ class SQLiteKeys:
             return key_record_from_row(row, now)
         with self._step(write=True) as db:  # the write lock is held from the read to the write
             now = time.time()
-            before = db.execute(Q["key_row"], {"key": key}).fetchone()
             expires = now + hold_for
             params = {
                 "key": key,
@@ -62,6 +64,14 @@ class SQLiteKeys:
                 "expires_at": expires,
                 "purge_at": expires + window,
             }
+            if row is None or row[10] <= now:
+                # Absent or past its window when read: a new action, unless another attempt
+                # came in between. The insert takes only such a row, so no takeover is won here.
+                won = db.execute(Q["key_insert"], params).fetchall()  # all: it must finish
+                if won:
+                    ((token, fence),) = won
+                    return KeyHold(key, token, fence, expires, False)
+            before = db.execute(Q["key_row"], {"key": key}).fetchone()
             won = db.execute(Q["key_reserve"], params).fetchall()  # all: it must finish
         if not won:
             return key_record_from_row(before, now)

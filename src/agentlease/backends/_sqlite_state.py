@@ -11,8 +11,11 @@ then expiry: every write of a counter first deletes its expired holds and takes 
 Atomicity: ``write_record``, ``add_counter``, ``hold_counter``, ``release_hold``,
 ``commit_hold`` and ``acquire_locks`` are one ``BEGIN IMMEDIATE`` transaction each, which holds
 the write lock from the read that decides to the write, so they decide in Python between the two
-(``write_record`` with :func:`~agentlease._policy.writes.check_write`, as the memory backend
-does). ``extend_hold``, ``extend_locks``, ``release_locks`` and ``sweep_locks`` are one statement
+(``write_record`` with :func:`~agentlease._policy.writes.check_write`, then plain statements for
+what that read found: no upsert where the row is there, no delete of fields the record does not
+have); a set of one lock is taken by one ``INSERT ... ON CONFLICT DO UPDATE ... WHERE`` free
+(its holder is read after it only when it was not). ``extend_hold``, ``extend_locks``,
+``release_locks`` (one statement by name for a set of one) and ``sweep_locks`` are one statement
 each; the reads are one statement each (one snapshot; ``get_counter`` leaves out the units of
 expired holds).
 """
@@ -90,13 +93,17 @@ class SQLiteState:
             check_write(key, current, write)  # a refusal rolls back, and nothing was written
             record = applied(key, current, write, now)
             params = {"key": key, "version": record.version, "fence": record.fence, "now": now}
-            db.execute(Q["record_put"], params)
-            if write.replace and current is not None:
-                db.execute(Q["record_drop_fields"], {"key": key, "fields": _names([*write.fields])})
-            db.executemany(
-                Q["record_set_field"],
-                [{"key": key, "field": f, "value": v} for f, v in write.fields.items()],
-            )
+            # The record was read under the write lock: what exists, and which fields, is known,
+            # so each statement is the plain one (an UPDATE where the row is there).
+            db.execute(Q["record_put" if current is None else "record_bump"], params)
+            had = {} if current is None else current.fields
+            if write.replace and had:
+                dropped = [f for f in had if f not in write.fields]
+                if dropped:
+                    db.execute(Q["record_drop_fields"], {"key": key, "fields": _names(dropped)})
+            for f, v in write.fields.items():
+                name = "record_update_field" if f in had else "record_set_field"
+                db.execute(Q[name], {"key": key, "field": f, "value": v})
         return record
 
     # -- bounded counters -----------------------------------------------------------------------
@@ -158,6 +165,8 @@ class SQLiteState:
     def acquire_locks(self, names: Sequence[str], owner: str, ttl: float) -> list[int] | LockBusy:
         if not names:
             return []
+        if len(names) == 1:
+            return self._acquire_one(names[0], owner, ttl)
         params: dict[str, Any] = {"names": _names(names), "owner": owner}
         with self._step(write=True) as db:  # all or nothing: decide and take under one lock
             now = time.time()
@@ -170,6 +179,17 @@ class SQLiteState:
             fences = dict(db.execute(Q["locks_take"], params).fetchall())
         return [int(fences[name]) for name in names]
 
+    def _acquire_one(self, name: str, owner: str, ttl: float) -> list[int] | LockBusy:
+        """A set of one lock: one statement decides and takes it (no set to check first)."""
+        with self._step(write=True) as db:  # the holder is read under the same lock
+            now = time.time()
+            params = {"name": name, "owner": owner, "now": now, "expires_at": now + ttl}
+            taken = db.execute(Q["lock_take"], params).fetchall()  # all: it must finish
+            if taken:
+                return [int(taken[0][0])]
+            holder, expires_at = db.execute(Q["lock_holder"], {"name": name}).fetchone()
+        return LockBusy(name, holder, expires_at - now)
+
     def extend_locks(self, names: Sequence[str], owner: str, ttl: float) -> list[str]:
         with self._step(write=False) as db:  # one statement
             now = time.time()
@@ -178,6 +198,11 @@ class SQLiteState:
         return _missing(names, rows)
 
     def release_locks(self, names: Sequence[str], owner: str) -> list[str]:
+        if len(names) == 1:
+            with self._step(write=False) as db:  # one statement
+                params = {"name": names[0], "owner": owner, "now": time.time()}
+                rows = db.execute(Q["lock_release"], params).fetchall()  # all: it must finish
+            return [] if rows else list(names)
         with self._step(write=False) as db:  # one statement
             params = {"names": _names(names), "owner": owner, "now": time.time()}
             rows = db.execute(Q["locks_release"], params).fetchall()  # all: it must finish

@@ -410,7 +410,8 @@ def bench(
     Each row's baseline runs the same store kind and driver with no library: for SQLite the
     backend's own statements through sqlite3 on a fresh database; for Redis a minimal claim
     script and a minimal complete script through redis-py, over the connection the library
-    uses (plus two rows beside the same loop through redis-py's client API); for PostgreSQL one
+    uses (plus two rows beside the same loop through redis-py's client API, and the batch claim
+    beside a plain script that makes the library's claim changes); for PostgreSQL one
     FOR UPDATE SKIP LOCKED claim statement and one complete statement through psycopg; for
     memory the backend's primitives without the client.
 

@@ -13,7 +13,9 @@ redis-py's pool, with ``send_command`` and ``read_response``; on a cluster, the 
 ratio measures what the library's scripts and Python cost, not how redis-py is called. Two more
 rows put the library beside the same raw loop through redis-py's client API (``Script`` objects
 and ``execute_command``: a pool checkout, a retry wrapper and metrics hooks per call), the way
-a Redis queue usually calls its scripts.
+a Redis queue usually calls its scripts. One more puts the batch claim beside a plain script that
+makes the same changes as ``claim.lua`` on the library's keys (:mod:`.redis_plain`): what the
+library's record, index and lease cost before any of its own tuning.
 
 :func:`latency_and_extend` measures what throughput does not show: claim latency with a short
 and with a million-task queue (the cost must not grow with depth), one heartbeat ``extend`` of
@@ -61,11 +63,14 @@ from agentlease.bench.redis_link import Pinned, raw_url
 from agentlease.bench.redis_link import client as _client
 from agentlease.bench.redis_link import drop as _drop
 from agentlease.bench.redis_link import with_prefix as _with_prefix
+from agentlease.bench.redis_plain import PLAIN, PlainRedis
 from agentlease.errors import InvalidURL
 
 __all__ = [
     "CLIENT_API",
+    "PLAIN",
     "Pinned",
+    "PlainStores",
     "RawRedis",
     "RawRedisGuards",
     "RawRedisKeys",
@@ -219,9 +224,21 @@ class RedisStores(Stores):
         self.raw = RawRedis.open(raw, client_api=client_api)
 
 
+class PlainStores(RedisStores):
+    """The library on ``url`` beside the plain claim script (see :mod:`.redis_plain`) on the
+    same server, each under a prefix of its own; the plain side deletes its keys on close."""
+
+    def __init__(self, url: str) -> None:
+        self.kind = "rediss" if parse(url).tls else "redis"
+        self.targets = None  # claim rows only: no worker processes
+        self.library = Library(connect(url))
+        self.raw = PlainRedis(raw_url(url))
+
+
 def compare(url: str, *, tasks: int = 30_000, batch: int = 50, processes: int = 4) -> list[Row]:
     """The bench rows on ``url``: the library beside the raw baseline, under a fresh prefix;
-    then the two batching-off rows again beside the raw loop through redis-py's client API."""
+    then the two batching-off rows again beside the raw loop through redis-py's client API, and
+    the batch claim row again beside the plain claim script (see :mod:`.redis_plain`)."""
     prefix = f"bench-{uuid.uuid4().hex[:8]}"
     target = _with_prefix(url, prefix)
     try:
@@ -236,6 +253,14 @@ def compare(url: str, *, tasks: int = 30_000, batch: int = 50, processes: int = 
             plain = [c for c in plan if c.mode == "claim_complete" and c.batch == 1]
             again = [replace(c, name=f"{c.name} ({CLIENT_API})") for c in plain]
             rows += run_bench(stores, again, tasks)
+        finally:
+            stores.close()
+        stores = PlainStores(target)
+        try:
+            claims = [c for c in plan if c.mode == "claim_only" and c.batch > 1]
+            rows += run_bench(
+                stores, [replace(c, name=f"{c.name} ({PLAIN})") for c in claims], tasks
+            )
         finally:
             stores.close()
         return rows

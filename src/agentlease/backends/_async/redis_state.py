@@ -47,6 +47,15 @@ def _opt(value: int | None) -> int | str:
     return "" if value is None else value
 
 
+def _fields(stored: list[bytes]) -> dict[str, bytes]:
+    """A record's fields from its hash as a script's flat name, value list (HGETALL)."""
+    return {
+        stored[i][2:].decode(): stored[i + 1]
+        for i in range(0, len(stored), 2)
+        if stored[i][:2] == b"f:"
+    }
+
+
 def _decoded(data: bytes | None) -> object:
     return None if data is None else orjson.loads(data)
 
@@ -81,9 +90,10 @@ class RedisState:
         keys = (record_hash(self._prefix, key),)
         reply = await self._link.script("record_write", keys, args, retry=False)
         if reply[0] == b"ok":
-            record = state_record_from(key, reply[1])
-            assert record is not None
-            return record
+            _, version, fence, updated_at, stored = reply
+            # After a replace the fields are those written; after a merge, the hash's.
+            fields = dict(write.fields) if write.replace else _fields(stored)
+            return StateRecord(key, version, fields, fence, float(updated_at))
         raise _refusal(key, write, reply)
 
     # -- bounded counters ------------------------------------------------------------------------

@@ -5,10 +5,12 @@
 Atomicity: every primitive is ONE SQL statement (named in ``sql/postgres.sql``) on a pooled
 connection in autocommit mode, so each is its own transaction and one round trip:
 
-* ``claim`` calls ``agentlease_claim()`` (``sql/postgres_migrations``), which in one transaction
-  promotes due tasks, reaps expired leases and then leases up to ``n`` tasks with a MATERIALIZED
-  CTE (``FOR UPDATE SKIP LOCKED`` + ``LIMIT``) and one ``UPDATE ... RETURNING``; each step sees
-  the one before, so the task a claim reaps goes to the front and this same claim may lease it.
+* ``claim`` calls ``agentlease_claim_ranked()`` (``sql/postgres_migrations``), which in one
+  transaction promotes due tasks, reaps expired leases, picks up to ``n`` ready tasks (``FOR
+  UPDATE SKIP LOCKED`` + ``LIMIT``) and leases them with one ``UPDATE ... RETURNING``; each step
+  sees the one before, so the task a claim reaps goes to the front and this same claim may lease
+  it. The jobs come back with their rank in pick order and are put in that order here (sorting
+  them in the server copied every row, payload and all).
 * every holder write (complete, fail, release, progress, extend) compares the token (which
   exists only while the task is leased) and ``expires_at > clock_timestamp()`` in its single
   ``UPDATE``; when no row matched, a second read says why, for
@@ -92,6 +94,10 @@ from .postgres_state import PostgresState
 __all__ = ["PostgresBackend"]
 
 Row = tuple[Any, ...]
+
+
+def _rank(ranked: tuple[int, Job]) -> int:
+    return ranked[0]
 
 
 def _configure(conn: Connection[Any]) -> None:
@@ -480,13 +486,14 @@ def _claim_params(queue: str, n: int, terms: LeaseTerms) -> dict[str, Any]:
 
 def _claimed(queue: str, rows: Sequence[Any]) -> tuple[list[Job], list[Reaped]]:
     """The jobs and reaped tasks of the claim statement's rows."""
-    jobs: list[Job] = []
+    ranked: list[tuple[int, Job]] = []
     reaped: list[Reaped] = []
     for task_id, outcome, token, attempt, payload, checkpoint, *rest in rows:
         if outcome is None:
-            priority, failures, reclaims, leased_at, expires_at = rest
+            priority, failures, reclaims, leased_at, expires_at, rank = rest
             lease = Lease(task_id, queue, token, attempt, leased_at, expires_at)
-            jobs.append(Job(lease, payload, checkpoint, priority, failures, reclaims))
+            ranked.append((rank, Job(lease, payload, checkpoint, priority, failures, reclaims)))
         else:
             reaped.append(Reaped(task_id, queue, attempt, outcome))
-    return jobs, reaped
+    ranked.sort(key=_rank)  # the rows come in no order; the jobs go in pick order
+    return [job for _, job in ranked], reaped

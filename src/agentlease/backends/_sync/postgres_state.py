@@ -6,13 +6,17 @@ holds, lock sets.
 Written once for asyncio; ``backends/_sync/postgres_state.py`` is generated from it.
 
 Tables and functions are in ``sql/postgres_migrations/0003_state.sql`` (counter holds:
-``0005_holds.sql``). Every primitive is one round trip, atomic under READ COMMITTED:
+``0005_holds.sql``; the record write as it is now: ``0006_leaner_calls.sql``). Every primitive is
+one round trip (but a busy set of one lock: two), each atomic under READ COMMITTED:
 
-* ``write_record`` calls ``agentlease_write_record()``, which locks the record's row (or inserts
-  it, ``ON CONFLICT DO NOTHING``), checks fence, version and transition guard on what it holds
-  and writes the fields, all in one transaction; a refusal comes back with the current record,
-  and the typed error is raised here by
-  :func:`~agentlease._policy.writes.check_write`, so every backend raises the same.
+* ``write_record`` calls ``agentlease_write_record()``, which checks fence, version and
+  transition guard on the record as it is under its row lock and writes the fields, all in one
+  transaction: a write with no guard and a record expected to exist is one ``UPDATE`` that checks
+  version and fence in its ``WHERE``; any other (or one that ``UPDATE`` did not apply) locks the
+  row first (or inserts it, ``ON CONFLICT DO NOTHING``) and decides on what it holds. A refusal
+  comes back with the current record, and the typed error is raised here by
+  :func:`~agentlease._policy.writes.check_write`, so every backend raises the
+  same. A replacing write's reply carries no fields after a write: they are those written.
 * ``add_counter``, ``hold_counter``, ``release_hold`` and ``commit_hold`` call one function each
   (``0005_holds.sql``), which locks the counter's row, reads the clock, gives back the units of
   the counter's holds that ran out, and decides on that value; ``extend_hold`` is one
@@ -20,7 +24,10 @@ Tables and functions are in ``sql/postgres_migrations/0003_state.sql`` (counter 
 * ``acquire_locks``, ``extend_locks`` and ``release_locks`` call one function each, which locks
   the rows in one canonical order (so overlapping sets never deadlock) and reads the clock after
   any wait; ``acquire_locks`` inserts missing lock rows first, checks them all, then takes them
-  all or none.
+  all or none. A set of one lock is taken (``INSERT ... ON CONFLICT DO UPDATE ... WHERE`` free)
+  and released by one statement of its own: one row, so no order to keep; an acquisition that
+  finds the lock busy then calls the function, which says who holds it (or takes it, if it
+  came free meanwhile).
 * ``lock_holders``, ``get_record`` and ``sweep_locks`` are one statement each.
 
 Field values are ``bytea``, sent as memoryviews (the pool's connections send ``bytes`` as json).
@@ -91,8 +98,15 @@ class PostgresState:
             "allow_absent": None in write.allowed_from,
             "fence": write.fence,
         }
-        ((outcome, version, *rest),) = self._fetch(Q["record_write"], params)
-        record = None if version is None else _record(key, version, *rest)
+        # A replacing write's reply carries the fields only with a refusal: after it they are
+        # exactly the fields written.
+        query = Q["record_replace" if write.replace else "record_write"]
+        ((outcome, version, fence, updated_at, names, values),) = self._fetch(query, params)
+        if outcome == "ok" and write.replace:
+            return StateRecord(key, version, dict(write.fields), fence, updated_at)
+        record = (
+            None if version is None else _record(key, version, fence, updated_at, names, values)
+        )
         if outcome == "ok" and record is not None:
             return record
         check_write(key, record, write)  # raises the refusal, typed as every backend does
@@ -137,6 +151,11 @@ class PostgresState:
     def acquire_locks(self, names: Sequence[str], owner: str, ttl: float) -> Acquired:
         if not names:
             return []
+        if len(names) == 1:  # one statement takes a free lock; a busy one is reported below
+            one = {"name": names[0], "owner": owner, "ttl": float(ttl)}
+            taken = self._fetch(Q["lock_take"], one)
+            if taken:
+                return [int(taken[0][0])]
         params = {"names": list(names), "owner": owner, "ttl": float(ttl)}
         rows = self._fetch(Q["locks_acquire"], params)
         if len(rows) == 1 and rows[0][1] is None:
@@ -150,6 +169,9 @@ class PostgresState:
         return _missing(names, self._fetch(Q["locks_extend"], params))
 
     def release_locks(self, names: Sequence[str], owner: str) -> list[str]:
+        if len(names) == 1:
+            one = {"name": names[0], "owner": owner}
+            return [] if self._fetch(Q["lock_release"], one) else list(names)
         params = {"names": list(names), "owner": owner}
         return _missing(names, self._fetch(Q["locks_release"], params))
 

@@ -15,23 +15,6 @@
 -- Every write moves the hash's expiry (PEXPIREAT) to purge, so Redis deletes keys past the dedup
 -- window itself; a hash still there at or past purge counts as absent.
 
--- @helper key_read:
--- The named fields of a key's hash as a table (absent fields false; state false if no hash).
-local function key_read(key, names)
-  local values = redis.call('HMGET', key, unpack(names))
-  local h = {}
-  for i, name in ipairs(names) do h[name] = values[i] end
-  return h
-end
-
--- @helper key_live: key_read
--- The named fields (with state and purge) of a key that exists and is not past purge, else nil.
-local function key_live(key, now, names)
-  local h = key_read(key, names)
-  if not h.state or tonumber(h.purge) <= now then return nil end
-  return h
-end
-
 -- @helper key_save:
 -- Write fields (a flat name, value list) and purge (a fmt() string), and move the hash's expiry
 -- to purge, rounded up to the millisecond so that Redis never deletes a key before it counts as
@@ -41,37 +24,41 @@ local function key_save(key, fields, purge)
   redis.call('PEXPIREAT', key, string.format('%.0f', math.ceil(tonumber(purge) * 1000)))
 end
 
--- @helper key_held: key_read
--- Fencing: the key's fields if its reservation is held under token (in flight, not past purge),
--- else nil and the reply to send. The clock does not decide for the holder: an in-flight lease
--- that ran out is still held until another attempt takes it over. A write that gives the
--- reservation up stores its request nonce; a retry of it (its reply was lost) finds that nonce
--- and is answered 'replayed' instead of lost.
+-- @helper key_held:
+-- Fencing: the key's state, token, fence, expires, purge and nonce (HMGET's reply) if its
+-- reservation is held under token (in flight, not past purge), else nil and the reply to send.
+-- The clock does not decide for the holder: an in-flight lease that ran out is still held until
+-- another attempt takes it over. A write that gives the reservation up stores its request nonce;
+-- a retry of it (its reply was lost) finds that nonce and is answered 'replayed' instead of lost.
 local function key_held(key, token, nonce, now)
-  local h = key_read(key, {'state', 'token', 'fence', 'expires', 'purge', 'nonce'})
-  local live = h.state and tonumber(h.purge) > now
-  if live and h.state == 'in_flight' and token ~= '' and h.token == token then
-    return h, nil
+  local v = redis.call('HMGET', key, 'state', 'token', 'fence', 'expires', 'purge', 'nonce')
+  local live = v[1] and tonumber(v[5]) > now
+  if live and v[1] == 'in_flight' and token ~= '' and v[2] == token then
+    return v, nil
   end
-  if nonce and h.state and h.nonce == nonce then return nil, {'replayed'} end
+  if nonce and v[1] and v[6] == nonce then return nil, {'replayed'} end
   if not live then return nil, {'lost', false, false} end
-  return nil, {'lost', tonumber(h.fence), h.state}
+  return nil, {'lost', tonumber(v[3]), v[1]}
 end
 
--- @helper key_finish: clock fmt key_held key_save
+-- @helper key_finish: clock fmt key_held
 -- Store an outcome (complete: 'done' and its result; fail: 'failed' and its error), fenced: no
--- holder, no in-flight lease, purged window seconds from now. Returns the script's reply.
+-- holder, no in-flight lease, purged window seconds from now (the hash's expiry follows, as in
+-- key_save). Returns the script's reply.
 local function key_finish(key, state, field, value, token, nonce, window)
   local now = clock()
   local h, refusal = key_held(key, token, nonce, now)
   if not h then return refusal end
   redis.call('HDEL', key, 'expires')
-  local fields = {'state', state, 'finished', fmt(now), 'token', '', 'holder', '', 'nonce', nonce}
+  local purge = fmt(now + window)
   if value ~= '' then
-    fields[#fields + 1] = field
-    fields[#fields + 1] = value
+    redis.call('HSET', key, 'purge', purge, 'state', state, 'finished', fmt(now), 'token', '',
+               'holder', '', 'nonce', nonce, field, value)
+  else
+    redis.call('HSET', key, 'purge', purge, 'state', state, 'finished', fmt(now), 'token', '',
+               'holder', '', 'nonce', nonce)
   end
-  key_save(key, fields, fmt(now + window))
+  redis.call('PEXPIREAT', key, string.format('%.0f', math.ceil(tonumber(purge) * 1000)))
   return {'ok'}
 end
 

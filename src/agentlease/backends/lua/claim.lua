@@ -87,27 +87,77 @@ if woke or expires < wake then
 end
 -- One exact string serves as the leases' score in the index and as the reply.
 local expires_s = string.format('%.17g', expires)
-for i = 1, #popped, 2 do
-  local id = string.sub(popped[i], 26)
+local count = #popped / 2
+if count == 1 then
+  local id = string.sub(popped[1], 26)
   local raw = redis.call('HGET', tasks, id)
   -- The head of the record (the lease's values, up to the last progress), then what the job
   -- needs; the head is written back, the rest kept as it is (see save_head).
   local off, _, attempt, _, _, req, finished = cmsgpack.unpack_limit(raw, 10, 3)
   local _, prio, failures, reclaims, checkpointed, inline = cmsgpack.unpack_limit(raw, 5, off)
-  local j = (i + 1) / 2
   attempt = attempt + 1
-  save_head(tasks, id, raw, off, LEASED, attempt, string.sub(tokens, j * 32 - 31, j * 32),
-            expires, req, finished, now, deadline, ptimeout, now)
+  save_head(tasks, id, raw, off, LEASED, attempt, string.sub(tokens, 1, 32), expires, req,
+            finished, now, deadline, ptimeout, now)
   redis.call('ZADD', index, expires_s, id)
   local checkpoint = false
   if checkpointed then checkpoint = redis.call('HGET', checkpoints, id) end
-  local b = #jobs
-  jobs[b + 1] = id
-  jobs[b + 2] = attempt
-  jobs[b + 3] = inline or redis.call('HGET', payloads, id)
-  jobs[b + 4] = checkpoint
-  jobs[b + 5] = prio
-  jobs[b + 6] = failures
-  jobs[b + 7] = reclaims
+  jobs = {id, attempt, inline or redis.call('HGET', payloads, id), checkpoint, prio, failures,
+          reclaims}
+  return {time[1], time[2], expires_s, jobs, reaped}
+end
+-- A batch: the records are read with one HMGET and written back with one HSET, the index with
+-- one ZADD (in chunks of 1000: unpack() is bounded by Lua's stack). Of a record's head (state,
+-- attempt, token, expires_at, request nonce, finished_at, leased_at, deadline, progress timeout,
+-- last progress) only attempt, token, nonce and finished_at differ between the tasks: the rest
+-- is encoded once for the batch.
+-- The rest is encoded here with MessagePack's own fixed forms: an attempt below 128 is one byte
+-- (a positive fixint), two falses are two bytes 0xc2, and a token is its string header (as
+-- cmsgpack writes it for 32 bytes) and its 32 characters: the same bytes cmsgpack.pack gives.
+local ids = {}
+for j = 1, count do ids[j] = string.sub(popped[2 * j - 1], 26) end
+local leased, until_ = cmsgpack.pack(LEASED), cmsgpack.pack(expires)
+local since = cmsgpack.pack(now, deadline, ptimeout, now)
+local token_header = string.sub(cmsgpack.pack(string.sub(tokens, 1, 32)), 1, -33)
+local records, scores = {}, {}
+for c = 1, count, 1000 do
+  local last = math.min(c + 999, count)
+  local raws = redis.call('HMGET', tasks, unpack(ids, c, last))
+  for j = c, last do
+    local id, raw = ids[j], raws[j - c + 1]
+    local off, _, attempt, _, _, req, finished = cmsgpack.unpack_limit(raw, 10, 3)
+    local _, prio, failures, reclaims, checkpointed, inline = cmsgpack.unpack_limit(raw, 5, off)
+    attempt = attempt + 1
+    local packed_attempt, nonce_finished
+    if attempt < 128 then
+      packed_attempt = string.char(attempt)
+    else
+      packed_attempt = cmsgpack.pack(attempt)
+    end
+    if req or finished then
+      nonce_finished = cmsgpack.pack(req, finished)
+    else
+      nonce_finished = '\194\194'
+    end
+    records[2 * j - 1] = id
+    records[2 * j] = string.sub(raw, 1, 3) .. leased .. packed_attempt .. token_header
+                     .. string.sub(tokens, j * 32 - 31, j * 32) .. until_ .. nonce_finished
+                     .. since .. string.sub(raw, off + 1)
+    scores[2 * j - 1] = expires_s
+    scores[2 * j] = id
+    local checkpoint = false
+    if checkpointed then checkpoint = redis.call('HGET', checkpoints, id) end
+    local b = #jobs
+    jobs[b + 1] = id
+    jobs[b + 2] = attempt
+    jobs[b + 3] = inline or redis.call('HGET', payloads, id)
+    jobs[b + 4] = checkpoint
+    jobs[b + 5] = prio
+    jobs[b + 6] = failures
+    jobs[b + 7] = reclaims
+  end
+end
+for c = 1, #records, 1000 do
+  redis.call('HSET', tasks, unpack(records, c, math.min(c + 999, #records)))
+  redis.call('ZADD', index, unpack(scores, c, math.min(c + 999, #scores)))
 end
 return {time[1], time[2], expires_s, jobs, reaped}

@@ -15,7 +15,7 @@ local token, hold_for = ARGV[1], tonumber(ARGV[2])
 local now = clock()
 local h, refusal = key_held(key, token, nil, now)
 if not h then return refusal end
-local old_expires, old_purge = tonumber(h.expires), tonumber(h.purge)
+local old_expires, old_purge = tonumber(h[4]), tonumber(h[5])
 local expires = now + hold_for
 local purge = fmt(math.max(old_purge, expires + (old_purge - old_expires)))
 key_save(key, {'expires', fmt(expires)}, purge)

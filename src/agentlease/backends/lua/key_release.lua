@@ -12,5 +12,5 @@ local token, nonce = ARGV[1], ARGV[2]
 local now = clock()
 local h, refusal = key_held(key, token, nonce, now)
 if not h then return refusal end
-key_save(key, {'token', '', 'holder', '', 'expires', fmt(now), 'nonce', nonce}, h.purge)
+key_save(key, {'token', '', 'holder', '', 'expires', fmt(now), 'nonce', nonce}, h[5])
 return {'ok'}

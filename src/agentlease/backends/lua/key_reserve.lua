@@ -7,8 +7,10 @@
 -- stores the fingerprint, holder and token, expires = now + hold_for, purge = expires + window.
 -- The token is drawn by the caller, so it doubles as the request nonce: a retry of a reservation
 -- that was applied (its reply was lost) finds its own token and gets the same reservation back.
+-- One read of every field the decision or the reply needs: a replay (the commonest call that
+-- writes nothing) costs that read and its reply.
 --
--- helpers: clock fmt key_read key_save key_record
+-- helpers: clock fmt key_save
 -- KEYS: 1 the key's hash
 -- ARGV: 1 fingerprint, 2 holder, 3 hold_for seconds, 4 window seconds, 5 token
 -- Returns: {'hold', fence, expires_at, taken over ('1' or '0')} when reserved (by this call or
@@ -16,35 +18,37 @@
 --          done or failed (a replay), in flight and live (a duplicate), or another fingerprint
 --          (a conflict).
 local key = KEYS[1]
-local fp, holder, token = ARGV[1], ARGV[2], ARGV[5]
-local hold_for, window = tonumber(ARGV[3]), tonumber(ARGV[4])
+local fp, token = ARGV[1], ARGV[5]
+-- state, fp, fence, holder, expires, result, error, created, finished, purge, token, taken
+local v = redis.call('HMGET', key, 'state', 'fp', 'fence', 'holder', 'expires', 'result',
+                     'error', 'created', 'finished', 'purge', 'token', 'taken')
 local now = clock()
-local h = key_read(key, {'state', 'fp', 'fence', 'token', 'expires', 'purge', 'taken'})
-local live = h.state and tonumber(h.purge) > now
-if live and h.state == 'in_flight' and h.token == token then
-  return {'hold', tonumber(h.fence), h.expires, h.taken}
-end
-local expires = fmt(now + hold_for)
-local purge = fmt(now + hold_for + window)
-local fields = {'fp', fp, 'holder', holder, 'token', token, 'expires', expires}
+local state = v[1]
+local live = state and tonumber(v[10]) > now
 local fence, taken
 if not live then
-  fence, taken = (tonumber(h.fence) or 0) + 1, '0'
-  if h.state then redis.call('DEL', key) end
+  fence, taken = (tonumber(v[3]) or 0) + 1, '0'
+  if state then redis.call('DEL', key) end
+elseif state ~= 'in_flight' then
+  return {'record', state, v[2], tonumber(v[3]), v[4], v[5], v[6], v[7], v[8], v[9], v[10],
+          fmt(now)}
+elseif v[11] == token then
+  return {'hold', tonumber(v[3]), v[5], v[12]}
+elseif tonumber(v[5]) <= now and (v[2] == fp or v[11] == '') then
+  fence, taken = tonumber(v[3]) + 1, '1'
+else
+  return {'record', state, v[2], tonumber(v[3]), v[4], v[5], v[6], v[7], v[8], v[9], v[10],
+          fmt(now)}
+end
+local hold_for = tonumber(ARGV[3])
+local expires = fmt(now + hold_for)
+local fields = {'fp', fp, 'holder', ARGV[2], 'token', token, 'expires', expires, 'fence', fence,
+                'taken', taken}
+if not live then
   fields[#fields + 1] = 'state'
   fields[#fields + 1] = 'in_flight'
   fields[#fields + 1] = 'created'
   fields[#fields + 1] = fmt(now)
-elseif h.state == 'in_flight' and tonumber(h.expires) <= now and (h.fp == fp or h.token == '') then
-  fence, taken = tonumber(h.fence) + 1, '1'
-else
-  local reply = key_record(key, now)
-  table.insert(reply, 1, 'record')
-  return reply
 end
-fields[#fields + 1] = 'fence'
-fields[#fields + 1] = fence
-fields[#fields + 1] = 'taken'
-fields[#fields + 1] = taken
-key_save(key, fields, purge)
+key_save(key, fields, fmt(now + hold_for + tonumber(ARGV[4])))
 return {'hold', fence, expires, taken}

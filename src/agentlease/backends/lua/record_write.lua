@@ -16,9 +16,11 @@
 --       4 guarded hash field ('f:' .. name; '' for no guard), 5 absent allowed ('1' or '0'),
 --       6 n, the number of allowed JSON values, 7 .. 6 + n those values,
 --       then pairs of hash field ('f:' .. name) and JSON value
--- Returns: {'ok', the record as HGETALL gives it}; or, nothing changed:
---          {'fenced', the record's fence}; {'conflict', the record as HGETALL gives it (empty
---          if absent)}; {'refused', the guarded field's JSON (nil if absent)}.
+-- Returns: {'ok', version, fence, updated_at (a fmt() string), the fields}: the record after the
+--          write, its fields as HGETALL gives them after a merge, none after a replace (they
+--          are exactly the fields written); or, nothing changed: {'fenced', the record's fence};
+--          {'conflict', the record as HGETALL gives it (empty if absent)}; {'refused', the
+--          guarded field's JSON (nil if absent)}.
 local rec = KEYS[1]
 local replace, expected, fence = ARGV[1] == '1', ARGV[2], ARGV[3]
 local guard, absent_ok, n = ARGV[4], ARGV[5] == '1', tonumber(ARGV[6])
@@ -36,8 +38,10 @@ if guard ~= '' then
   end
   if not allowed then return {'refused', state} end
 end
-local fields = {'_v', version + 1, '_f', math.max(seen, tonumber(fence) or 0), '_u', fmt(clock())}
+local fenced, updated = math.max(seen, tonumber(fence) or 0), fmt(clock())
+local fields = {'_v', version + 1, '_f', fenced, '_u', updated}
 for i = 7 + n, #ARGV do fields[#fields + 1] = ARGV[i] end
 if replace and version > 0 then redis.call('DEL', rec) end
 batched('HSET', rec, fields)
-return {'ok', redis.call('HGETALL', rec)}
+if replace then return {'ok', version + 1, fenced, updated, {}} end
+return {'ok', version + 1, fenced, updated, redis.call('HGETALL', rec)}

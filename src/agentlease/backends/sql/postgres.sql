@@ -76,9 +76,11 @@ FROM unnest(%(queue)s::text[], %(dedup_key)s::text[]) AS k(queue, dedup_key)
 JOIN agentlease_tasks t ON t.queue = k.queue AND t.dedup_key = k.dedup_key;
 
 -- name: claim
+-- One call of agentlease_claim_ranked() (postgres_migrations/0006_leaner_calls.sql): the reaped
+-- leases and the jobs, each job with its rank in pick order (the rows come in no order).
 SELECT task_id, reaped, token, attempt, payload, checkpoint, priority, failures, reclaims,
-       leased_at, expires_at
-FROM agentlease_claim(
+       leased_at, expires_at, rank
+FROM agentlease_claim_ranked(
     %(queue)s::text, %(n)s::integer, %(lease_for)s::float8, %(max_total)s::float8,
     %(progress_timeout)s::float8, %(front)s::boolean
 );
@@ -235,8 +237,8 @@ FROM agentlease_requeue_dead(
 );
 
 -- name: key_reserve
--- One call of agentlease_reserve_key() (postgres_migrations/0002_keys.sql): insert, take over or
--- report the key, in one transaction on one clock reading.
+-- One call of agentlease_reserve_key() (postgres_migrations/0006_leaner_calls.sql): insert,
+-- take over or report the key, in one transaction on one clock reading.
 SELECT reserved, taken_over, key, state, fingerprint, fence, holder, expires_at, result, error,
        created_at, finished_at, purge_at, now
 FROM agentlease_reserve_key(
@@ -310,9 +312,21 @@ SELECT r.version, r.fence, extract(epoch FROM r.updated_at)::float8,
 FROM agentlease_records r WHERE r.key = %(key)s;
 
 -- name: record_write
--- One call of agentlease_write_record() (postgres_migrations/0003_state.sql): lock, check,
--- write, in one transaction.
+-- One call of agentlease_write_record() (postgres_migrations/0006_leaner_calls.sql): lock,
+-- check, write, in one transaction.
 SELECT outcome, version, fence, updated_at, fields, vals
+FROM agentlease_write_record(
+    %(key)s::text, %(fields)s::text[], %(values)s::bytea[], %(replace)s::boolean,
+    %(expected)s::bigint, %(guard)s::text, %(allowed)s::bytea[], %(allow_absent)s::boolean,
+    %(fence)s::bigint
+);
+
+-- name: record_replace
+-- record_write for a replacing write: the record's fields come back only with a refusal (after
+-- a write they are the fields written), so a write's reply carries no arrays to parse.
+SELECT outcome, version, fence, updated_at,
+       CASE WHEN outcome = 'ok' THEN NULL ELSE fields END AS fields,
+       CASE WHEN outcome = 'ok' THEN NULL ELSE vals END AS vals
 FROM agentlease_write_record(
     %(key)s::text, %(fields)s::text[], %(values)s::bytea[], %(replace)s::boolean,
     %(expected)s::bigint, %(guard)s::text, %(allowed)s::bytea[], %(allow_absent)s::boolean,
@@ -348,6 +362,26 @@ SELECT agentlease_end_hold(%(name)s::text, %(token)s::text, %(commit)s::boolean)
 -- name: locks_acquire
 SELECT name, fence, holder, retry_after
 FROM agentlease_acquire_locks(%(names)s::text[], %(owner)s::text, %(ttl)s::float8);
+
+-- name: lock_take
+-- A set of one lock: take it for %(owner)s if it is free (no owner, the owner itself, or its
+-- lease ran out), fence + 1 (a new lock starts at 1), in one statement: it locks one row, so it
+-- waits for no other and needs no order. Returns nothing when another owner holds it (then
+-- locks_acquire says who). The clock is read after any wait for the row lock.
+INSERT INTO agentlease_locks AS l (name, owner, expires_at, fence)
+VALUES (%(name)s, %(owner)s, clock_timestamp() + make_interval(secs => %(ttl)s::float8), 1)
+ON CONFLICT ON CONSTRAINT agentlease_locks_pkey DO UPDATE
+SET owner = excluded.owner,
+    expires_at = clock_timestamp() + make_interval(secs => %(ttl)s::float8),
+    fence = l.fence + 1
+WHERE l.owner IS NULL OR l.owner = excluded.owner OR l.expires_at <= clock_timestamp()
+RETURNING l.fence;
+
+-- name: lock_release
+-- A set of one lock: release it if %(owner)s holds it with a live lease (one row: no order).
+UPDATE agentlease_locks l SET owner = NULL, expires_at = NULL
+WHERE l.name = %(name)s AND l.owner = %(owner)s AND l.expires_at > clock_timestamp()
+RETURNING l.name;
 
 -- name: locks_extend
 SELECT name FROM agentlease_extend_locks(%(names)s::text[], %(owner)s::text, %(ttl)s::float8);

@@ -346,6 +346,23 @@ WHERE purge_at <= :now
        AND (fingerprint = excluded.fingerprint OR token IS NULL))
 RETURNING token, fence;
 
+-- name: key_insert
+-- key_reserve for a key that was absent or past its window when last read (a new action): the
+-- same insert, taking a present row only if it is past its window. Returns nothing when the key
+-- is live (another attempt got there first): key_reserve decides then.
+INSERT INTO agentlease_keys
+    (key, state, fingerprint, token, fence, holder, expires_at, created_at, purge_at)
+VALUES
+    (:key, 'in_flight', :fingerprint, lower(hex(randomblob(16))), 1, :holder, :expires_at, :now,
+     :purge_at)
+ON CONFLICT (key) DO UPDATE
+SET state = 'in_flight', fingerprint = excluded.fingerprint, token = excluded.token,
+    fence = fence + 1, holder = excluded.holder, expires_at = excluded.expires_at,
+    result = NULL, error = NULL, finished_at = NULL, purge_at = excluded.purge_at,
+    created_at = excluded.created_at
+WHERE purge_at <= :now
+RETURNING token, fence;
+
 -- name: key_extend
 -- The dedup window keeps its distance from the in-flight lease, and never shrinks.
 UPDATE agentlease_keys
@@ -395,14 +412,23 @@ VALUES (:key, :version, :fence, :now)
 ON CONFLICT (key) DO UPDATE
 SET version = excluded.version, fence = excluded.fence, updated_at = excluded.updated_at;
 
+-- name: record_bump
+-- A record that exists (read in the same transaction): its new version, fence and time.
+UPDATE agentlease_records SET version = :version, fence = :fence, updated_at = :now
+WHERE key = :key;
+
 -- name: record_drop_fields
--- A replacing write: every field it does not set goes.
+-- A replacing write: the fields of the record (read in the same transaction) it does not set.
 DELETE FROM agentlease_record_fields
-WHERE key = :key AND field NOT IN (SELECT value FROM json_each(:fields));
+WHERE key = :key AND field IN (SELECT value FROM json_each(:fields));
 
 -- name: record_set_field
 INSERT INTO agentlease_record_fields (key, field, value) VALUES (:key, :field, :value)
 ON CONFLICT (key, field) DO UPDATE SET value = excluded.value;
+
+-- name: record_update_field
+-- A field the record has (read in the same transaction).
+UPDATE agentlease_record_fields SET value = :value WHERE key = :key AND field = :field;
 
 -- name: counter_set
 INSERT INTO agentlease_counters (name, value) VALUES (:name, :value)
@@ -450,6 +476,24 @@ SELECT value, :owner, :expires_at, 1 FROM json_each(:names) WHERE true
 ON CONFLICT (name) DO UPDATE
 SET owner = excluded.owner, expires_at = excluded.expires_at, fence = fence + 1
 RETURNING name, fence;
+
+-- name: lock_take
+-- A set of one lock: take it for :owner if it is free (no owner, :owner itself, or its lease ran
+-- out), fence + 1 (a new lock starts at 1); returns nothing when another owner holds it.
+INSERT INTO agentlease_locks AS l (name, owner, expires_at, fence)
+VALUES (:name, :owner, :expires_at, 1)
+ON CONFLICT (name) DO UPDATE
+SET owner = excluded.owner, expires_at = excluded.expires_at, fence = l.fence + 1
+WHERE l.owner IS NULL OR l.owner = :owner OR l.expires_at <= :now
+RETURNING fence;
+
+-- name: lock_holder
+SELECT owner, expires_at FROM agentlease_locks WHERE name = :name;
+
+-- name: lock_release
+UPDATE agentlease_locks SET owner = NULL, expires_at = NULL
+WHERE name = :name AND owner = :owner AND expires_at > :now
+RETURNING name;
 
 -- name: locks_extend
 UPDATE agentlease_locks SET expires_at = :expires_at
