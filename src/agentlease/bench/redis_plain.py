@@ -24,12 +24,13 @@ from agentlease._sync.queue import Queue
 from agentlease.backends import connect
 from agentlease.backends._redis_url import parse
 from agentlease.backends.lua import queue_keys
-from agentlease.bench.loops import FILL_CHUNK, LEASE_FOR, MAX_LEASE, Mode
-from agentlease.bench.redis_link import Pinned
+from agentlease.bench.command import Stores
+from agentlease.bench.loops import FILL_CHUNK, LEASE_FOR, MAX_LEASE, Library, Mode
+from agentlease.bench.redis_link import Pinned, raw_url
 from agentlease.bench.redis_link import client as _client
 from agentlease.bench.redis_link import drop as _drop
 
-__all__ = ["PLAIN", "PLAIN_CLAIM", "PlainRedis"]
+__all__ = ["PLAIN", "PLAIN_CLAIM", "PlainRedis", "PlainStores"]
 
 PLAIN = "plain claim script"
 """What the names of the rows measured beside :data:`PLAIN_CLAIM` end with."""
@@ -121,3 +122,14 @@ class PlainRedis:
             _drop(self.url, self.prefix)
         finally:
             self._send.close()
+
+
+class PlainStores(Stores):
+    """The library on ``url`` beside the plain claim script on the same server, each under a
+    prefix of its own; the plain side deletes its keys on close."""
+
+    def __init__(self, url: str) -> None:
+        self.kind = "rediss" if parse(url).tls else "redis"
+        self.targets = None  # claim rows only: no worker processes
+        self.library = Library(connect(url))
+        self.raw = PlainRedis(raw_url(url))

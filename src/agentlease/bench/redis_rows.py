@@ -63,14 +63,13 @@ from agentlease.bench.redis_link import Pinned, raw_url
 from agentlease.bench.redis_link import client as _client
 from agentlease.bench.redis_link import drop as _drop
 from agentlease.bench.redis_link import with_prefix as _with_prefix
-from agentlease.bench.redis_plain import PLAIN, PlainRedis
+from agentlease.bench.redis_plain import PLAIN, PlainStores
 from agentlease.errors import InvalidURL
 
 __all__ = [
     "CLIENT_API",
     "PLAIN",
     "Pinned",
-    "PlainStores",
     "RawRedis",
     "RawRedisGuards",
     "RawRedisKeys",
@@ -224,17 +223,6 @@ class RedisStores(Stores):
         self.raw = RawRedis.open(raw, client_api=client_api)
 
 
-class PlainStores(RedisStores):
-    """The library on ``url`` beside the plain claim script (see :mod:`.redis_plain`) on the
-    same server, each under a prefix of its own; the plain side deletes its keys on close."""
-
-    def __init__(self, url: str) -> None:
-        self.kind = "rediss" if parse(url).tls else "redis"
-        self.targets = None  # claim rows only: no worker processes
-        self.library = Library(connect(url))
-        self.raw = PlainRedis(raw_url(url))
-
-
 def compare(url: str, *, tasks: int = 30_000, batch: int = 50, processes: int = 4) -> list[Row]:
     """The bench rows on ``url``: the library beside the raw baseline, under a fresh prefix;
     then the two batching-off rows again beside the raw loop through redis-py's client API, and
@@ -255,14 +243,13 @@ def compare(url: str, *, tasks: int = 30_000, batch: int = 50, processes: int = 
             rows += run_bench(stores, again, tasks)
         finally:
             stores.close()
-        stores = PlainStores(target)
+        beside_plain = PlainStores(target)
         try:
             claims = [c for c in plan if c.mode == "claim_only" and c.batch > 1]
-            rows += run_bench(
-                stores, [replace(c, name=f"{c.name} ({PLAIN})") for c in claims], tasks
-            )
+            again = [replace(c, name=f"{c.name} ({PLAIN})") for c in claims]
+            rows += run_bench(beside_plain, again, tasks)
         finally:
-            stores.close()
+            beside_plain.close()
         return rows
     finally:
         _drop(url, prefix)
