@@ -58,6 +58,7 @@ from agentlease._async.queue import AsyncQueue
 from agentlease._codec import JSON
 from agentlease._context import AsyncJobContext, JobContext
 from agentlease._events import EventDispatcher, EventName, logger
+from agentlease._final_writes import FinalWrites
 from agentlease._heartbeat import Heartbeat, Held
 from agentlease._outage import Outage
 from agentlease._records import Job, Lease
@@ -74,7 +75,6 @@ from agentlease.errors import (
     Cancelled,
     LeaseLost,
     PayloadError,
-    UnknownTask,
 )
 
 __all__ = ["AsyncHandler", "AsyncWorker", "Handler", "SyncHandler", "Worker", "WorkerSettings"]
@@ -125,6 +125,7 @@ class AsyncWorker:
         self._rand = random.Random(self.settings.seed)
         self._stopping = threading.Event()
         self._forced = threading.Event()
+        self._writes = FinalWrites(queue, self._call_timeout, self._forced, self._rand)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
         self._running: dict[LeaseKey, _Running] = {}  # every job whose lease this run holds
@@ -570,7 +571,7 @@ class AsyncWorker:
                     self._refuse(job, "fail")
                     return
                 retry_in = self.settings.retry.retry_in(job.failures, error, self._rand)
-                await self._settle(
+                await self._writes.one(
                     held, functools.partial(queue.fail, held.lease, error, retry_in=retry_in)
                 )
                 return
@@ -581,11 +582,11 @@ class AsyncWorker:
                 data = queue.encode_result(result)
             except PayloadError as exc:
                 # The handler returned something that cannot be stored: that never gets better.
-                await self._settle(
+                await self._writes.one(
                     held, functools.partial(queue.fail, held.lease, exc, retry_in=None)
                 )
                 return
-            accepted = await self._settle_many(
+            accepted = await self._writes.many(
                 [held], functools.partial(queue.complete_encoded, [(held.lease, data)])
             )
             if accepted[0]:
@@ -645,12 +646,12 @@ class AsyncWorker:
         self, sending: list[tuple[_Running, bytes | None]] | None = None, *, retried: bool = False
     ) -> None:
         """Send the completions waiting for a write, in one round trip (retried like
-        :meth:`_settle` while the store is unavailable and the leases are held)."""
+        :meth:`FinalWrites.one` while the store is unavailable and the leases are held)."""
         if sending is None:
             sending = self._take_done()
         if not sending:
             return
-        accepted = await self._settle_many(
+        accepted = await self._writes.many(
             [e.held for e, _ in sending if e.held is not None],
             functools.partial(self.queue.complete_encoded, self._items(sending)),
             retried=retried,
@@ -678,96 +679,8 @@ class AsyncWorker:
                 raise BackendUnavailable(f"{self.queue.backend.url}: claim timed out") from exc
             raise
         helds = [e.held for e, _ in sending if e.held is not None]
-        self._concluded(sending, await self._accepted(helds, outcomes, retried=False))
+        self._concluded(sending, await self._writes.accepted(helds, outcomes, retried=False))
         return jobs
-
-    async def _settle(self, held: Held, write: Callable[[], Awaitable[object]]) -> bool:
-        """Send a job's final write (complete or fail) and say whether the store accepted it.
-
-        While the store is unavailable and the lease is still held, the write is retried with
-        jittered backoff, so an outage shorter than the lease does not make the task run again.
-        Each try is bounded by a third of the lease: one that hangs is abandoned and tried again.
-        A retry refused with LeaseLost may follow a first try that was applied but whose reply
-        was lost; the task's record tells which.
-        """
-        delay, retried = 0.05, False
-        while True:
-            try:
-                async with asyncio.timeout(self._call_timeout):
-                    await write()
-                return True
-            except LeaseLost:
-                return retried and await self._applied(held.lease)
-            except (BackendUnavailable, TimeoutError) as exc:
-                if held.lost.is_set() or self._forced.is_set():
-                    logger.warning(
-                        "giving up a write for %s: %s", held.lease.task_id, exc or "timed out"
-                    )
-                    return False
-                retried = True
-                await asyncio.sleep(delay * self._rand.uniform(0.5, 1.0))
-                delay = min(1.0, delay * 2)
-            except BackendError as exc:
-                logger.error("write for %s failed: %s", held.lease.task_id, exc)
-                return False
-
-    async def _settle_many(
-        self,
-        helds: list[Held],
-        write: Callable[[], Awaitable[list[LeaseLost | UnknownTask | None]]],
-        *,
-        retried: bool = False,
-    ) -> list[bool]:
-        """Send the completions of several jobs in one write (as :meth:`_settle` sends one) and
-        say, per job, whether the store accepted it. ``retried``: an earlier try may have been
-        applied."""
-        delay = 0.05
-        while True:
-            try:
-                async with asyncio.timeout(self._call_timeout):
-                    outcomes = await write()
-                break
-            except (BackendUnavailable, TimeoutError) as exc:
-                if self._forced.is_set() or all(h.lost.is_set() for h in helds):
-                    logger.warning(
-                        "giving up the completion of %s: %s",
-                        ", ".join(h.lease.task_id for h in helds),
-                        exc or "timed out",
-                    )
-                    return [False] * len(helds)
-                retried = True
-                await asyncio.sleep(delay * self._rand.uniform(0.5, 1.0))
-                delay = min(1.0, delay * 2)
-            except BackendError as exc:
-                logger.error(
-                    "completion of %s failed: %s", ", ".join(h.lease.task_id for h in helds), exc
-                )
-                return [False] * len(helds)
-        return await self._accepted(helds, outcomes, retried=retried)
-
-    async def _accepted(
-        self, helds: list[Held], outcomes: list[LeaseLost | UnknownTask | None], *, retried: bool
-    ) -> list[bool]:
-        """Per job, whether the store accepted its completion."""
-        accepted = []
-        for held, outcome in zip(helds, outcomes, strict=True):
-            if outcome is None:
-                accepted.append(True)
-            elif isinstance(outcome, LeaseLost):
-                # A retry refused may follow a first try that was applied but whose reply was lost.
-                accepted.append(retried and await self._applied(held.lease))
-            else:
-                logger.error("completion of %s refused: %s", held.lease.task_id, outcome)
-                accepted.append(False)
-        return accepted
-
-    async def _applied(self, lease: Lease) -> bool:
-        """Whether the store shows this lease's own final write (no later claim happened)."""
-        try:
-            task = await self.queue.get(lease.task_id)
-        except AgentLeaseError:
-            return False
-        return task.attempt == lease.attempt and task.state in ("done", "failed", "dead")
 
     def _refuse(self, job: Job, write: str) -> None:
         self._emit(
