@@ -186,3 +186,9 @@ def test_connect_dispatches_postgres_urls_and_checks_them_first() -> None:
             al.connect(url)
         with pytest.raises(InvalidURL):
             al.connect_async(url)
+
+
+def test_the_settings_repr_never_shows_the_password() -> None:
+    settings = parse("postgresql://alice:s3cret-pw@127.0.0.1:5432/test?schema=app")
+    assert "s3cret-pw" not in repr(settings)
+    assert "s3cret-pw" not in settings.display

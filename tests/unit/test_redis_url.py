@@ -174,3 +174,18 @@ def test_an_unreachable_cluster_is_a_typed_error() -> None:
             await backend.close()
 
     asyncio.run(first_call())
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://alice:s3cret-pw@127.0.0.1:6379/0?prefix=p",
+        "rediss://alice:s3cret-pw@127.0.0.1:6380/1?ssl_cert_reqs=none",
+        "redis://:s3cret-pw@127.0.0.1:7000/0?cluster=true",
+    ],
+)
+def test_the_options_repr_never_shows_the_password(url: str) -> None:
+    options = parse(url)
+    assert options.password == "s3cret-pw"  # kept for connecting
+    assert "s3cret-pw" not in repr(options)
+    assert "s3cret-pw" not in options.url

@@ -42,7 +42,7 @@ import threading
 import time
 from asyncio import sleep as async_sleep
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 from urllib.parse import parse_qsl, unquote, urlsplit
 
@@ -211,7 +211,8 @@ class RedisOptions:
 
     Attributes:
         url: the URL with its password masked, for messages.
-        host, port, db, username, password: where and as whom to connect.
+        host, port, db, username, password: where and as whom to connect (the password is left
+            out of the ``repr``).
         tls: ``rediss://``.
         prefix: the first part of every key.
         cluster: talk to a Redis Cluster.
@@ -224,7 +225,7 @@ class RedisOptions:
     port: int
     db: int
     username: str | None
-    password: str | None
+    password: str | None = field(repr=False)
     tls: bool
     prefix: str
     cluster: bool
