@@ -19,6 +19,7 @@ import importlib
 from types import ModuleType
 from urllib.parse import parse_qsl, urlsplit
 
+from agentlease._redact import redact_url, unreadable
 from agentlease.backends.base import AsyncBackend, Backend
 from agentlease.errors import InvalidURL, MissingDriver
 
@@ -35,15 +36,18 @@ def connect(url: str) -> Backend:
         BackendUnavailable: the store cannot be opened.
     """
     if not isinstance(url, str) or not url:
-        raise InvalidURL(f"backend URL must be a non-empty str, not {url!r}")
+        raise InvalidURL(f"backend URL must be a non-empty str, not {redact_url(url)!r}")
+    why = unreadable(url)
+    if why:
+        raise InvalidURL(why)
     try:
         parts = urlsplit(url)
-    except ValueError as exc:
-        raise InvalidURL(f"malformed backend URL {url!r}: {exc}") from exc
+    except ValueError:
+        raise InvalidURL(f"malformed backend URL {redact_url(url)!r}") from None
     scheme = parts.scheme.lower()
     if scheme == "memory":
         if parts.netloc or parts.path or parts.query:
-            raise InvalidURL(f"memory URLs take no host, path or options: {url!r}")
+            raise InvalidURL(f"memory URLs take no host, path or options: {redact_url(url)!r}")
         from agentlease.backends.memory import MemoryBackend
 
         return MemoryBackend(url=url)
@@ -54,8 +58,8 @@ def connect(url: str) -> Backend:
         backend: Backend = native.connect(url)
         return backend
     raise InvalidURL(
-        f"unsupported backend URL {url!r}: use memory://, sqlite:///path.db, redis://host, "
-        "rediss://host or postgresql://user@host/db"
+        f"unsupported backend URL {redact_url(url)!r}: use memory://, sqlite:///path.db, "
+        "redis://host, rediss://host or postgresql://user@host/db"
     )
 
 
@@ -107,30 +111,32 @@ def _sqlite(url: str, netloc: str, path: str, query: str) -> Backend:
     if netloc:
         raise InvalidURL(
             "SQLite URLs have no host: write sqlite:///relative.db or sqlite:////abs.db, "
-            f"not {url!r}"
+            f"not {redact_url(url)!r}"
         )
     if not path.startswith("/") or len(path) < 2:
-        raise InvalidURL(f"SQLite URL {url!r} names no file: write sqlite:///path/to/file.db")
+        raise InvalidURL(
+            f"SQLite URL {redact_url(url)!r} names no file: write sqlite:///path/to/file.db"
+        )
     file = path[1:]
     if file in (":memory:", "") or file.endswith("/"):
         raise InvalidURL(
-            f"SQLite URL {url!r} must name a file that several processes can open; "
+            f"SQLite URL {redact_url(url)!r} must name a file that several processes can open; "
             "for an in-process store use memory://"
         )
     try:
         options = dict(parse_qsl(query, strict_parsing=bool(query)))
-    except ValueError as exc:
-        raise InvalidURL(f"malformed options in {url!r}: {exc}") from exc
+    except ValueError:
+        raise InvalidURL(f"malformed options in {redact_url(url)!r}") from None
     unknown = set(options) - _SQLITE_OPTIONS
     if unknown:
-        raise InvalidURL(f"unknown SQLite options {sorted(unknown)} in {url!r}")
+        raise InvalidURL(f"unknown SQLite options {sorted(unknown)} in {redact_url(url)!r}")
     try:
         timeout = float(options.get("timeout", "30"))
     except ValueError as exc:
-        raise InvalidURL(f"timeout must be a number of seconds in {url!r}") from exc
+        raise InvalidURL(f"timeout must be a number of seconds in {redact_url(url)!r}") from exc
     synchronous = options.get("synchronous", "NORMAL").upper()
     if synchronous not in ("NORMAL", "FULL"):
-        raise InvalidURL(f"synchronous must be NORMAL or FULL in {url!r}")
+        raise InvalidURL(f"synchronous must be NORMAL or FULL in {redact_url(url)!r}")
     from agentlease.backends.sqlite import SQLiteBackend
 
     return SQLiteBackend(file, timeout=timeout, synchronous=synchronous, url=url)

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 from urllib.parse import SplitResult, parse_qsl, urlencode, urlsplit
 
+from agentlease._redact import SECRET_OPTIONS, misplaced_at, redact_url, unreadable
 from agentlease.errors import InvalidURL
 
 if TYPE_CHECKING:
@@ -206,7 +207,7 @@ def _redacted(parts: SplitResult) -> str:
     if at and ":" in userinfo:
         netloc = f"{userinfo.partition(':')[0]}:***@{hosts}"
     query = [
-        (k, "***" if k in ("password", "sslpassword") else v)
+        (k, "***" if k in SECRET_OPTIONS else v)
         for k, v in parse_qsl(parts.query, keep_blank_values=True)
     ]
     return _unsplit(parts._replace(netloc=netloc), urlencode(query, safe="/*"))
@@ -219,14 +220,20 @@ def parse(url: str) -> PostgresSettings:
         InvalidURL: malformed, another scheme, an unknown option or a bad value.
     """
     if not isinstance(url, str) or not url:
-        raise InvalidURL(f"backend URL must be a non-empty str, not {url!r}")
+        raise InvalidURL(f"backend URL must be a non-empty str, not {redact_url(url)!r}")
+    why = unreadable(url)
+    if why:
+        raise InvalidURL(why)
     try:
         parts = urlsplit(url)
     except ValueError as exc:
         raise InvalidURL(f"malformed PostgreSQL URL: {exc}") from None
+    misplaced = misplaced_at(url, parts.netloc)
+    if misplaced:
+        raise InvalidURL(misplaced)
     _check_hosts(parts.netloc)
     if parts.scheme.lower() not in SCHEMES:
-        raise InvalidURL(f"not a PostgreSQL URL (postgresql://user@host/db): {url!r}")
+        raise InvalidURL(f"not a PostgreSQL URL (postgresql://user@host/db): {redact_url(url)!r}")
     if parts.fragment:
         raise InvalidURL("PostgreSQL URLs take no #fragment")
     if parts.path.count("/") > 1:

@@ -9,7 +9,7 @@
 =================== =========================================================================
 option              meaning
 =================== =========================================================================
-prefix              first part of every key (default ``agentlease``); rules of a queue name
+prefix              first part of every key (default ``agentlease``): letters, digits, ``_.-``
 cluster             ``1`` for Redis Cluster (``host:port`` is any node; db must be 0)
 socket_timeout      seconds to wait for a reply (default 10)
 connect_timeout     seconds to wait for a connection (default 3)
@@ -50,6 +50,7 @@ import redis as redis_sync
 import redis.asyncio as redis_asyncio
 from redis import exceptions as rx
 
+from agentlease._redact import misplaced_at, redact_url, unreadable
 from agentlease.backends.base import AsyncBackend as AsyncFace
 from agentlease.backends.base import Backend as SyncFace
 from agentlease.errors import (
@@ -193,7 +194,9 @@ def sync_gate() -> Gate:
     return threading.Lock()
 
 
-_PREFIX = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:-]{0,63}")
+# A prefix holds no ':', so that ':' ends it in every key: the keys of prefix ``a`` start with
+# ``a:`` or ``{a:`` and no other prefix's do (a prefix ``a:b`` would share them).
+_PREFIX = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
 _TLS_OPTIONS = {
     "ssl_cert_reqs",
     "ssl_ca_certs",
@@ -261,7 +264,7 @@ def _seconds(options: dict[str, str], name: str, default: float, url: str) -> fl
     except ValueError:
         value = math.nan
     if not math.isfinite(value) or value <= 0:
-        raise InvalidURL(f"{name} must be a positive number of seconds in {url!r}")
+        raise InvalidURL(f"{name} must be a positive number of seconds in {redact_url(url)!r}")
     return value
 
 
@@ -270,17 +273,8 @@ def _flag(options: dict[str, str], name: str, default: bool, url: str) -> bool:
     if raw is None:
         return default
     if raw.lower() not in _BOOLS:
-        raise InvalidURL(f"{name} must be 1 or 0 in {url!r}, not {raw!r}")
+        raise InvalidURL(f"{name} must be 1 or 0 in {redact_url(url)!r}, not {raw!r}")
     return _BOOLS[raw.lower()]
-
-
-def _masked(url: str, password: str | None) -> str:
-    if password is None:
-        return url
-    scheme, rest = url.split("://", 1)
-    userinfo, at, hostpart = rest.partition("@")
-    user = userinfo.partition(":")[0]
-    return f"{scheme}://{user}:***{at}{hostpart}"
 
 
 def parse(url: str) -> RedisOptions:
@@ -289,64 +283,79 @@ def parse(url: str) -> RedisOptions:
     Raises:
         InvalidURL: malformed, or an unknown or invalid option.
     """
+    why = unreadable(url)
+    if why:
+        raise InvalidURL(why)
     try:
         parts = urlsplit(url)
+    except ValueError as exc:
+        raise InvalidURL(f"malformed Redis URL {redact_url(url)!r}: {exc}") from None
+    misplaced = misplaced_at(url, parts.netloc)
+    if misplaced:
+        raise InvalidURL(misplaced)
+    try:
         port = parts.port
         host = parts.hostname
     except ValueError as exc:
-        raise InvalidURL(f"malformed Redis URL {url!r}: {exc}") from exc
+        raise InvalidURL(f"malformed Redis URL {redact_url(url)!r}: {exc}") from None
     scheme = parts.scheme.lower()
     if scheme not in ("redis", "rediss"):
-        raise InvalidURL(f"not a Redis URL: {url!r}")
+        raise InvalidURL(f"not a Redis URL: {redact_url(url)!r}")
     if parts.fragment:
-        raise InvalidURL(f"Redis URLs take no #fragment: {url!r}")
+        raise InvalidURL(f"Redis URLs take no #fragment: {redact_url(url)!r}")
     if parts.netloc.endswith(("@", ":")) or (parts.netloc and not host):
-        raise InvalidURL(f"malformed host in Redis URL {url!r}")
+        raise InvalidURL(f"malformed host in Redis URL {redact_url(url)!r}")
     path = parts.path.strip("/")
     if path and not path.isdigit():
         raise InvalidURL(f"the path of a Redis URL is a database number, not {parts.path!r}")
     try:
         pairs = parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query))
     except ValueError as exc:
-        raise InvalidURL(f"malformed options in {url!r}: {exc}") from exc
+        raise InvalidURL(f"malformed options in {redact_url(url)!r}: {exc}") from None
     options = dict(pairs)
     if len(options) != len(pairs):
-        raise InvalidURL(f"an option is given twice in {url!r}")
+        raise InvalidURL(f"an option is given twice in {redact_url(url)!r}")
     unknown = set(options) - _OPTIONS
     if unknown:
         raise InvalidURL(
-            f"unknown Redis URL options {sorted(unknown)} in {url!r}; known: {sorted(_OPTIONS)}"
+            f"unknown Redis URL options {sorted(unknown)} in {redact_url(url)!r}; "
+            f"known: {sorted(_OPTIONS)}"
         )
     tls_given = {k: v for k, v in options.items() if k in _TLS_OPTIONS}
     if tls_given and scheme != "rediss":
-        raise InvalidURL(f"TLS options {sorted(tls_given)} need a rediss:// URL: {url!r}")
+        raise InvalidURL(
+            f"TLS options {sorted(tls_given)} need a rediss:// URL: {redact_url(url)!r}"
+        )
     prefix = options.get("prefix", "agentlease")
     if not _PREFIX.fullmatch(prefix):
         raise InvalidURL(
-            f"invalid prefix {prefix!r} in {url!r}: 1 to 64 characters from letters, digits and "
-            "_.:- (not starting with . : or -)"
+            f"invalid prefix {prefix!r} in {redact_url(url)!r}: 1 to 64 characters from letters, "
+            "digits and _.- (not starting with . or -; no ':', which ends the prefix in every key "
+            "so that one prefix cannot reach another's keys)"
         )
     cluster = _flag(options, "cluster", False, url)
     db = int(path) if path else 0
     if cluster and db != 0:
-        raise InvalidURL(f"Redis Cluster has only database 0: {url!r}")
+        raise InvalidURL(f"Redis Cluster has only database 0: {redact_url(url)!r}")
     tls: list[tuple[str, object]] = []
     if "ssl_cert_reqs" in tls_given:
         reqs = tls_given["ssl_cert_reqs"].lower()
         if reqs not in ("required", "optional", "none"):
-            raise InvalidURL(f"ssl_cert_reqs must be required, optional or none in {url!r}")
+            raise InvalidURL(
+                f"ssl_cert_reqs must be required, optional or none in {redact_url(url)!r}"
+            )
         tls.append(("ssl_cert_reqs", reqs))
     for name in ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile"):
         if name in tls_given:
             if not tls_given[name]:
-                raise InvalidURL(f"{name} needs a file path in {url!r}")
+                raise InvalidURL(f"{name} needs a file path in {redact_url(url)!r}")
             tls.append((name, tls_given[name]))
     if "ssl_check_hostname" in tls_given:
         tls.append(("ssl_check_hostname", _flag(options, "ssl_check_hostname", True, url)))
     password = None if parts.password is None else unquote(parts.password)
     username = unquote(parts.username) if parts.username else None
     return RedisOptions(
-        url=_masked(url, password),
+        url=redact_url(url),
         host=host or "localhost",
         port=6379 if port is None else port,
         db=db,

@@ -24,6 +24,7 @@ from rich.text import Text
 
 from agentlease._codec import JSON, encode
 from agentlease._records import STATES, QueueStats, Task, TaskSpec
+from agentlease._redact import redact_url
 from agentlease._sync.queue import Queue
 from agentlease.backends import connect
 from agentlease.cli._app import (
@@ -57,7 +58,9 @@ def open_queue(url: str, *, must_exist: bool = False) -> Queue:
     if must_exist:
         missing = _missing_sqlite_file(url)
         if missing is not None:
-            raise BackendUnavailable(f"no SQLite database at {missing!r} (from {url!r})")
+            raise BackendUnavailable(
+                f"no SQLite database at {missing!r} (from {redact_url(url)!r})"
+            )
     return Queue(connect(url))
 
 

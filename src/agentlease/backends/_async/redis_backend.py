@@ -11,6 +11,8 @@ clock, never this process's. Batches cost one script per queue, sent in one pipe
 
 Keys. Every key of one queue shares the hash tag ``{<prefix>:<queue>}`` and is passed in
 ``KEYS``, so each queue lives on one Redis Cluster shard and many queues spread over a cluster.
+A prefix holds no ``:``, so every key of prefix ``P`` starts with ``P:`` or ``{P:`` and
+no other prefix's does (a queue ``b:c`` under ``a`` cannot meet a prefix ``a:b``).
 The layout is drawn in :mod:`agentlease.backends.lua`.
 
 Task ids are unique across queues: the global hash ``<prefix>:ids`` maps each id to its queue
