@@ -8,6 +8,7 @@ the ledger.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -20,7 +21,8 @@ SLICE = 0.05
 
 
 def main(argv: list[str]) -> int:
-    url, queue_name, ledger_path, lease_for = argv[0], argv[1], Path(argv[2]), float(argv[3])
+    url = os.environ["AGENTLEASE_URL"]  # not in argv, which any local user can list
+    queue_name, ledger_path, lease_for = argv[0], Path(argv[1]), float(argv[2])
     ledger = Ledger(ledger_path)
 
     def on_event(event: al.Event) -> None:

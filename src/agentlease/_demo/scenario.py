@@ -100,7 +100,7 @@ def run_demo(config: DemoConfig, progress: Progress | None = None) -> DemoReport
             run = uuid.uuid4().hex[:8]  # a queue and ids of its own on a shared store
             name = f"demo-{run}"
             ids = _enqueue(queue, name, run, config, rand)
-            say(0, config.tasks, f"enqueued {config.tasks} tasks on {url}")
+            say(0, config.tasks, f"enqueued {config.tasks} tasks on {queue.backend.url}")
             started = time.monotonic()
             procs = _start_workers(url, name, ledgers, config)
             try:
@@ -140,14 +140,14 @@ def _enqueue(
 def _start_workers(
     url: str, name: str, ledgers: Path, config: DemoConfig
 ) -> list[subprocess.Popen[bytes]]:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    # The URL goes in the environment, not the command line, which any local user can list.
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "AGENTLEASE_URL": url}
     return [
         subprocess.Popen(
             [
                 sys.executable,
                 "-m",
                 "agentlease._demo.proc",
-                url,
                 name,
                 str(ledgers / f"worker-{i:03d}.jsonl"),
                 str(config.lease_for),

@@ -62,6 +62,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from agentlease._codec import JSON
+from agentlease._redact import redact_url
 from agentlease.backends import connect
 from agentlease.backends.memory import MemoryBackend
 from agentlease.bench import served as _bench_served
@@ -178,7 +179,7 @@ class Stores:
             raw_path = str(scratch / "raw.db")
             self.targets = (Target("library", url), Target("raw", raw_path, synchronous))
             return RawSQLite(raw_path, synchronous)
-        raise InvalidURL(f"bench runs on sqlite:// and memory:// stores, not {url!r}")
+        raise InvalidURL(f"bench runs on sqlite:// and memory:// stores, not {redact_url(url)!r}")
 
     def driver(self, side: Side) -> Driver:
         """The in-process driver of one side."""
@@ -442,7 +443,8 @@ def bench(
             also += f" and {guards} guard calls" if guards else ""
             also += f" and {worker_tasks} worker tasks" if worker_tasks else ""
             err_console.print(
-                f"bench: {tasks} tasks a row{also} on {served} (fresh namespace)", soft_wrap=True
+                f"bench: {tasks} tasks a row{also} on {redact_url(served)} (fresh namespace)",
+                soft_wrap=True,
             )
         measured = _bench_served.measure(
             served,
@@ -523,13 +525,14 @@ def _report(
         micro += [r.as_json() for r in key_rows] + [r.as_json() for r in guard_rows]
         print_json([r.as_json() for r in rows] + versus + micro + (extra or []))
         return
-    console.print(_table(rows, url))
+    shown = redact_url(url)  # the store as messages name it: no password, no key file
+    console.print(_table(rows, shown))
     if workers:
-        console.print(workers_table(workers, url))
+        console.print(workers_table(workers, shown))
     if key_rows:
-        console.print(keys_table(key_rows, url))
+        console.print(keys_table(key_rows, shown))
     if guard_rows:
-        console.print(guards_table(guard_rows, url))
+        console.print(guards_table(guard_rows, shown))
     for item in [] if extra is None else versus + extra:
         console.print(f"{item['name']}: ratio {item['ratio']}  {item.get('detail', '')}")
 

@@ -33,6 +33,7 @@ import psycopg
 from psycopg import sql
 from psycopg_pool import ConnectionPool
 
+from agentlease._redact import redact_url
 from agentlease._sync.queue import Queue
 from agentlease.backends import connect
 from agentlease.backends._postgres_url import PostgresSettings, parse
@@ -221,7 +222,7 @@ class PostgresStores(Stores):
 
     def _raw(self, url: str, scratch: Path) -> Driver:
         if self.kind not in ("postgresql", "postgres"):
-            raise InvalidURL(f"not a PostgreSQL URL: {url!r}")
+            raise InvalidURL(f"not a PostgreSQL URL: {redact_url(url)!r}")
         raw = RawPostgres.create(url)
         self.targets = (PostgresTarget("library", url), PostgresTarget("raw", raw.url))
         return raw
@@ -469,7 +470,7 @@ def main(argv: list[str]) -> int:
     from agentlease.cli._app import console
 
     rows = compare(url, tasks)
-    console.print(_table(rows, url))
+    console.print(_table(rows, redact_url(url)))
     for row in rows:
         print(row.as_json())
     for key_row in compare_keys(url, DEFAULT_CALLS):

@@ -46,6 +46,7 @@ from typing import Any
 import click
 
 from agentlease._records import TaskSpec
+from agentlease._redact import redact_url
 from agentlease._sync.queue import Queue
 from agentlease.backends import connect
 from agentlease.backends._redis_url import parse
@@ -483,7 +484,7 @@ def main(argv: list[str]) -> int:
         return 2
     url = argv[0]
     if not url.startswith(("redis://", "rediss://")):
-        raise InvalidURL(f"not a Redis URL: {url!r}")
+        raise InvalidURL(f"not a Redis URL: {redact_url(url)!r}")
     tasks = int(argv[1]) if len(argv) > 1 else 30_000
     rows = compare(url, tasks=tasks)
     print(json.dumps({"rows": [r.as_json() for r in rows]}, indent=1), flush=True)

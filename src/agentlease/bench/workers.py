@@ -1,7 +1,7 @@
 """The worker row of ``agentlease bench``: the stock ``agentlease worker`` command, end to end.
 
 The library's side of a round starts N real worker processes, each ``sys.executable -m
-agentlease worker agentlease.bench.noop_handler:noop --backend URL --queue Q --concurrency C
+agentlease worker agentlease.bench.noop_handler:noop --queue Q --concurrency C
 --burst`` (the interpreter that runs the bench, with its environment), on a queue of T tasks
 enqueued beforehand (untimed, :meth:`~agentlease.Queue.enqueue_many`, 1,000 a call) whose
 handler returns ``None`` at once, and waits for all of them to exit. Whatever batching and
@@ -34,6 +34,7 @@ the bench's own process.
 from __future__ import annotations
 
 import gc
+import os
 import subprocess
 import sys
 import tempfile
@@ -195,8 +196,10 @@ def drain_with_workers(url: str, queue: str, processes: int, concurrency: int, t
             that grows with ``tasks``; the message ends with its stderr. Every process still
             running has been killed by then.
     """
-    command = [sys.executable, "-m", "agentlease", "worker", HANDLER, "--backend", url]
+    # The URL goes in the environment, not the command line, which any local user can list.
+    command = [sys.executable, "-m", "agentlease", "worker", HANDLER]
     command += ["--queue", queue, "--concurrency", str(concurrency), "--burst"]
+    env = {**os.environ, "AGENTLEASE_URL": url}
     bound = 60.0 + tasks / 100  # generous: a hundred tasks a second, after a minute's start
     with ExitStack() as stack:
         logs = [
@@ -209,7 +212,11 @@ def drain_with_workers(url: str, queue: str, processes: int, concurrency: int, t
         for log in logs:
             procs.append(
                 subprocess.Popen(
-                    command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log
+                    command,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=log,
                 )
             )
         while True:
