@@ -380,7 +380,6 @@ _UNAVAILABLE = (
 _UNAVAILABLE_REPLIES = (
     "NOAUTH",
     "WRONGPASS",
-    "NOPERM",
     "LOADING",
     "READONLY",
     "MASTERDOWN",
@@ -391,6 +390,9 @@ _UNAVAILABLE_REPLIES = (
     "NOREPLICAS",
     "OOM",
 )
+# A command a script calls, refused by the user's ACL: a plain error reply, not NOPERM (the words
+# of Redis 7.0 and 7.1, then of 7.2 on).
+_SCRIPT_DENIED = re.compile(r"user executing the script can't|ACL failure in script")
 REFUSED_REPLIES = ("BUSY ", "LOADING", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN")
 """Replies to a call the server did not run: safe to send again whatever the call."""
 
@@ -407,10 +409,14 @@ def translate(url: str, exc: Exception) -> BackendError:
         message.startswith(("WRONGPASS", "NOAUTH"))
     ):  # permanent: the same login fails the same way until the URL or the server's users change
         return AuthenticationFailed(f"Redis at {url}: authentication failed: {message}")
-    if isinstance(cause, rx.AuthorizationError | rx.NoPermissionError) or message.startswith(
-        "NOPERM"
-    ):
-        return PermissionDenied(f"Redis at {url}: the user may not do this: {message}")
+    if (
+        isinstance(cause, rx.AuthorizationError | rx.NoPermissionError)
+        or message.startswith("NOPERM")
+        or (isinstance(exc, rx.ResponseError) and _SCRIPT_DENIED.search(message))
+    ):  # permanent: the user's ACL lacks a command or a key (a script's commands count too)
+        from agentlease._rights import explain_redis_denial
+
+        return PermissionDenied(f"Redis at {url}: {explain_redis_denial(url, message)}")
     if isinstance(exc, _UNAVAILABLE) or message.startswith(_UNAVAILABLE_REPLIES):
         return BackendUnavailable(f"Redis at {url} is unavailable: {message}")
     if isinstance(exc, rx.RedisClusterException) and "connect" in message.lower():  # no node

@@ -21,11 +21,12 @@ import hashlib
 from typing import Any
 
 import psycopg
-from psycopg import AsyncConnection, sql
+from psycopg import AsyncConnection, errors, sql
 
+from agentlease._rights import explain_postgres_denial
 from agentlease.backends._postgres_driver import MIGRATE_HINT, MIGRATIONS, Migration, Q, translate
 from agentlease.backends._postgres_url import PostgresSettings
-from agentlease.errors import SchemaNotMigrated, SchemaTooNew
+from agentlease.errors import PermissionDenied, SchemaNotMigrated, SchemaTooNew
 
 __all__ = ["lock_key", "migrate", "pending"]
 
@@ -39,8 +40,12 @@ def lock_key(schema: str) -> int:
 async def _applied(conn: AsyncConnection[Any], settings: PostgresSettings) -> set[int]:
     """The versions applied to the schema; a version newer than any this agentlease knows is
     refused (before anything is written)."""
-    cur = await conn.execute(Q["migrations_exist"])
+    cur = await conn.execute(Q["migrations_exist"], {"schema": settings.schema})
     row = await cur.fetchone()
+    if row is not None and not row[0] and row[1]:  # it exists, but the role may not use it
+        denied = f"permission denied for schema {settings.schema}"
+        why = explain_postgres_denial(settings.schema, denied, migrating=False)
+        raise PermissionDenied(f"PostgreSQL {settings.display}: {why}")
     if row is None or not row[0]:
         return set()
     cur = await conn.execute(Q["applied_versions"])
@@ -106,6 +111,13 @@ async def migrate(settings: PostgresSettings, *, apply: bool = True) -> list[Mig
 
 
 async def _apply(conn: AsyncConnection[Any], settings: PostgresSettings) -> list[Migration]:
+    try:
+        return await _apply_all(conn, settings)
+    except errors.InsufficientPrivilege as exc:  # CREATE on the schema (or the database)
+        raise translate(settings, exc, migrating=True) from exc
+
+
+async def _apply_all(conn: AsyncConnection[Any], settings: PostgresSettings) -> list[Migration]:
     schema = sql.Identifier(settings.schema)
     applied: list[Migration] = []
     async with conn.transaction():

@@ -23,11 +23,12 @@ import hashlib
 from typing import Any
 
 import psycopg
-from psycopg import Connection, sql
+from psycopg import Connection, errors, sql
 
+from agentlease._rights import explain_postgres_denial
 from agentlease.backends._postgres_driver import MIGRATE_HINT, MIGRATIONS, Migration, Q, translate
 from agentlease.backends._postgres_url import PostgresSettings
-from agentlease.errors import SchemaNotMigrated, SchemaTooNew
+from agentlease.errors import PermissionDenied, SchemaNotMigrated, SchemaTooNew
 
 __all__ = ["lock_key", "migrate", "pending"]
 
@@ -41,8 +42,12 @@ def lock_key(schema: str) -> int:
 def _applied(conn: Connection[Any], settings: PostgresSettings) -> set[int]:
     """The versions applied to the schema; a version newer than any this agentlease knows is
     refused (before anything is written)."""
-    cur = conn.execute(Q["migrations_exist"])
+    cur = conn.execute(Q["migrations_exist"], {"schema": settings.schema})
     row = cur.fetchone()
+    if row is not None and not row[0] and row[1]:  # it exists, but the role may not use it
+        denied = f"permission denied for schema {settings.schema}"
+        why = explain_postgres_denial(settings.schema, denied, migrating=False)
+        raise PermissionDenied(f"PostgreSQL {settings.display}: {why}")
     if row is None or not row[0]:
         return set()
     cur = conn.execute(Q["applied_versions"])
@@ -108,6 +113,13 @@ def migrate(settings: PostgresSettings, *, apply: bool = True) -> list[Migration
 
 
 def _apply(conn: Connection[Any], settings: PostgresSettings) -> list[Migration]:
+    try:
+        return _apply_all(conn, settings)
+    except errors.InsufficientPrivilege as exc:  # CREATE on the schema (or the database)
+        raise translate(settings, exc, migrating=True) from exc
+
+
+def _apply_all(conn: Connection[Any], settings: PostgresSettings) -> list[Migration]:
     schema = sql.Identifier(settings.schema)
     applied: list[Migration] = []
     with conn.transaction():
