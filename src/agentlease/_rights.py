@@ -384,7 +384,7 @@ def explain_redis_denial(url: str, message: str) -> str:
     elif "channel" in message:
         lacks = "the user may not use a Pub/Sub channel"
     elif named is not None:
-        lacks = f"the user may not run the command {named.group(1).upper()}"
+        lacks = f"the user may not run the command {named.group(1).upper().replace('|', ' ')}"
     else:
         lacks = "the user may not do this"
     return f"{lacks}: {message}; `agentlease rights URL` prints the ACL rule agentlease needs"

@@ -405,6 +405,11 @@ def translate(url: str, exc: Exception) -> BackendError:
     message = str(exc) or type(exc).__name__
     # A cluster client that could reach no node says why in the error it chains (a refused login).
     cause = exc.__cause__ if isinstance(exc, rx.RedisClusterException) else exc
+    if isinstance(cause, rx.RedisClusterException) and isinstance(
+        cause.__context__, rx.NoPermissionError
+    ):  # CLUSTER SLOTS refused by the ACL, which redis-py words as "cluster mode is not enabled"
+        cause = cause.__context__
+        message = str(cause)
     if isinstance(cause, rx.AuthenticationError | rx.AuthenticationWrongNumberOfArgsError) or (
         message.startswith(("WRONGPASS", "NOAUTH"))
     ):  # permanent: the same login fails the same way until the URL or the server's users change

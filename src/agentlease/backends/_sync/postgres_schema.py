@@ -8,7 +8,9 @@ versions without any lock (the common case: nothing to do, no waiting). When som
 opens ONE transaction, takes a transaction-level advisory lock keyed by the schema, creates the
 schema if needed, reads the versions again and applies only what is still missing, then commits:
 processes that start together queue on the lock, and each one after the first finds the work
-done. A failure rolls everything back, so a schema is never left half-migrated.
+done. A failure rolls everything back, so a schema is never left half-migrated. A role without
+USAGE on an existing schema sees no tables in it: that is reported as the missing USAGE, not as
+a schema to migrate.
 
 A schema with a migration newer than any this agentlease ships (an upgraded process migrated
 it) is refused with :class:`~agentlease.errors.SchemaTooNew`, by :func:`migrate` and
@@ -72,8 +74,9 @@ def pending(settings: PostgresSettings) -> list[Migration]:
 
     Raises:
         BackendUnavailable: the server cannot be reached.
-        BackendRefused: the server refused the login (:class:`AuthenticationFailed`), or the
-            schema is newer than this agentlease (:class:`SchemaTooNew`).
+        BackendRefused: the server refused the login (:class:`AuthenticationFailed`), the
+            role may not use the schema (:class:`PermissionDenied`: no USAGE), or the schema is
+            newer than this agentlease (:class:`SchemaTooNew`).
     """
     try:
         with _connect(settings) as conn:
@@ -93,6 +96,8 @@ def migrate(settings: PostgresSettings, *, apply: bool = True) -> list[Migration
         AuthenticationFailed: the server refused the login.
         SchemaNotMigrated: ``apply=False`` and migrations are pending.
         SchemaTooNew: the schema has a migration newer than this agentlease knows.
+        PermissionDenied: the role may not use the schema (no USAGE), or may not migrate it
+            (no CREATE on it, or on the database to create it); the message says which.
         BackendError: applying a migration failed (nothing of it was kept).
     """
     try:
