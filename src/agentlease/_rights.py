@@ -13,7 +13,8 @@ those the client sends itself (:data:`REDIS_CLIENT`), and those its Lua scripts 
 (:data:`REDIS_SCRIPTS`), which Redis checks against the same ACL. ``SELECT`` is added for a
 database other than 0 and what redis-py's cluster client reads at start (``CLUSTER SLOTS``,
 ``COMMAND``) for ``cluster=1``. redis-py also sends ``CLIENT SETINFO`` on connecting and ignores
-a refusal (Redis before 7.2 does not know it): it is left out.
+a refusal (Redis before 7.2 does not know it, and would refuse the rule that named it): it is
+left out.
 
 **PostgreSQL** (:class:`PostgresGrants`): an owner role that migrates the schema (it owns it:
 ``agentlease migrate`` as that role), and a worker role that may use the schema, read, insert,
@@ -195,7 +196,7 @@ class RedisRule:
 
 
 _SIMPLE = re.compile(r"[a-z_][a-z0-9_]*")
-# PostgreSQL's reserved key words (and the role names it reserves): such names must be quoted.
+# PostgreSQL's reserved key words: such names must be quoted.
 _RESERVED_WORDS = """
     all analyse analyze and any array as asc asymmetric authorization binary both case cast
     check collate column concurrently constraint create cross current_catalog current_date
@@ -203,7 +204,7 @@ _RESERVED_WORDS = """
     deferrable desc distinct do else end except false fetch for foreign freeze from full
     grant group having ilike in initially inner intersect into is isnull join lateral
     leading left like limit localtime localtimestamp natural none not notnull null offset on
-    only or order outer overlaps placing primary public references returning right select
+    only or order outer overlaps placing primary references returning right select
     session_user similar some symmetric system_user table tablesample then to trailing true
     union unique user using variadic verbose when where window with
 """
@@ -347,7 +348,11 @@ def rights(
 
 def _role(name: str | None) -> str:
     name = name or DEFAULT_ROLE
-    if not name or len(name) > 63 or any(ch.isspace() or ch in "\"'<>;" for ch in name):
+    if (
+        len(name) > 63
+        or name.lower() in ("public", "none")  # PostgreSQL's reserved role names
+        or any(ch.isspace() or ch in "\"'<>;" for ch in name)
+    ):
         raise InvalidURL(f"invalid role or user name {name!r}")
     return name
 

@@ -63,7 +63,7 @@ def _refusal(call: Callable[[], object]) -> al.PermissionDenied:
 def _first_call(url: str) -> None:
     """Open a client on ``url`` and make one call."""
     with al.Queue.connect(url) as queue:
-        queue.stats("q")
+        queue.queues()
 
 
 def _worker(url: str, queue: str) -> subprocess.CompletedProcess[str]:
@@ -136,6 +136,24 @@ def test_the_redis_rule_follows_the_url() -> None:
     assert {"cluster|slots", "command"} <= set(cluster.commands)
     assert "select" not in cluster.commands
     assert "pw" not in rule.text()
+
+
+def test_the_postgres_grants_follow_the_url() -> None:
+    grants = rights("postgresql://localhost/app", role="user", owner="App-Owner")
+    assert isinstance(grants, PostgresGrants)
+    assert (grants.schema, grants.database, grants.worker) == ("public", "app", "user")
+    # The public schema exists: the owner is granted CREATE in it, and only agentlease's own
+    # functions lose PUBLIC's EXECUTE (other software's functions may live there too).
+    assert 'GRANT USAGE, CREATE ON SCHEMA public TO "App-Owner";' in grants.admin()
+    assert "ALL FUNCTIONS" not in grants.text()
+    assert 'GRANT USAGE ON SCHEMA public TO "user";' in grants.worker_grants()
+    assert grants.owner_url == "postgresql://App-Owner@localhost/app"
+    assert rights("postgresql://u:secret@h/db?schema=jobs").owner_url == (  # type: ignore[union-attr]
+        "postgresql://agentlease_owner@h/db?schema=jobs"
+    )
+    for role in ("public", "agentlease_owner", "a b"):
+        with pytest.raises(al.InvalidURL):
+            rights("postgresql://localhost/app", role=role)
 
 
 # -- what a refusal says, without a server ------------------------------------------------------
@@ -254,6 +272,23 @@ def test_redis_workload_runs_under_exactly_the_rule(redis_acl: RedisACL) -> None
     _workload.run_async(url)
     other = redis_acl.url(prefix="other")  # another prefix's keys are out of reach
     assert "~other:*" in str(_refusal(lambda: _first_call(other)))
+
+
+def test_redis_rule_for_another_database_adds_select(redis_server: PrivateRedis) -> None:
+    acl = RedisACL(redis_server)
+    url = acl.url().replace("/0?", "/1?")
+    rule = rights(url)
+    assert isinstance(rule, RedisRule)
+    admin = redis.Redis(port=redis_server.port)
+    try:
+        admin.execute_command("ACL", "SETUSER", rule.user, *rule.rules(PASSWORD))
+        _first_call(url)  # SELECT 1 on connecting
+        less = [r for r in rule.rules(PASSWORD) if r != "+select"]
+        admin.execute_command("ACL", "SETUSER", rule.user, *less)
+        assert "SELECT" in str(_refusal(lambda: _first_call(url)))
+    finally:
+        admin.close()
+        acl.set()
 
 
 def test_redis_worker_process_runs_under_exactly_the_rule(redis_acl: RedisACL) -> None:
