@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from urllib.parse import parse_qsl, quote, unquote, urlsplit
+from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
 
 from agentlease.errors import InvalidURL
 
@@ -142,6 +142,7 @@ WORKER_FUNCTIONS = (
 ``agentlease_claim`` (kept by migration 6 for clients of schema version 5) and the trigger
 function ``agentlease_partition_freed`` (a trigger needs no EXECUTE of whoever fires it)."""
 
+_CREDENTIALS = ("user", "password", "sslpassword")
 DEFAULT_ROLE = "agentlease_worker"
 DEFAULT_OWNER = "agentlease_owner"
 _PASSWORD = "<password>"
@@ -337,8 +338,10 @@ def rights(
         if worker == migrator:
             raise InvalidURL(f"the worker and the owner must be two roles, not both {worker!r}")
         host = parts.netloc.rpartition("@")[2]
-        query_text = "&".join(
-            f"{k}={v}" for k, v in parse_qsl(parts.query) if k not in ("user", "password")
+        query_text = urlencode(  # the owner's URL carries no one's user or password
+            [(k, v) for k, v in parse_qsl(parts.query) if k not in _CREDENTIALS],
+            safe="/",
+            quote_via=quote,
         )
         owner_url = f"{parts.scheme}://{quote(migrator, safe='')}@{host}{parts.path}"
         owner_url += f"?{query_text}" if query_text else ""
