@@ -5,7 +5,9 @@ again. While the store is unavailable and the lease is still held, the write is 
 jittered backoff, so an outage shorter than the lease does not make the task run again; once the
 lease is lost or the worker is forced to stop, it is given up (the lease expires and the task is
 reaped, as after a crash). A retry refused with ``LeaseLost`` may follow a first try that was
-applied but whose reply was lost: the task's record tells which.
+applied but whose reply was lost: the task's record tells which. A write the store refuses for
+good (:class:`~agentlease.errors.BackendRefused`: a missing privilege) is kept in ``refused``,
+and the worker stops on it.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from agentlease._records import Lease
 from agentlease.errors import (
     AgentLeaseError,
     BackendError,
+    BackendRefused,
     BackendUnavailable,
     LeaseLost,
     UnknownTask,
@@ -51,6 +54,9 @@ class FinalWrites:
         self._timeout = timeout
         self._forced = forced
         self._rand = rand
+        self.refused: BackendRefused | None = None
+        """The first write the store refused for good (a missing privilege, ...): the worker
+        stops on it rather than run tasks whose outcomes it cannot record."""
 
     async def one(self, held: Held, write: Callable[[], Awaitable[object]]) -> bool:
         """Send a job's final write (complete or fail) and say whether the store accepted it.
@@ -80,6 +86,8 @@ class FinalWrites:
                 delay = min(1.0, delay * 2)
             except BackendError as exc:
                 logger.error("write for %s failed: %s", held.lease.task_id, exc)
+                if isinstance(exc, BackendRefused) and self.refused is None:
+                    self.refused = exc
                 return False
 
     async def many(
@@ -113,6 +121,8 @@ class FinalWrites:
                 logger.error(
                     "completion of %s failed: %s", ", ".join(h.lease.task_id for h in helds), exc
                 )
+                if isinstance(exc, BackendRefused) and self.refused is None:
+                    self.refused = exc
                 return [False] * len(helds)
         return await self.accepted(helds, outcomes, retried=retried)
 

@@ -33,7 +33,8 @@ Store errors: an unreachable store (:class:`~agentlease.errors.BackendUnavailabl
 failure of a claim, is logged (rate-limited, with the URL without its password) while the worker
 backs off with jitter and tries again. A store that refuses the worker for good
 (:class:`~agentlease.errors.BackendRefused`: authentication, permission, a missing or newer
-schema) ends the run with that error at once. In burst mode a store unreachable for longer than a
+schema) ends the run with that error at once, whether it refused a claim or a job's final
+write. In burst mode a store unreachable for longer than a
 lease ends the run with the last error.
 """
 
@@ -275,6 +276,8 @@ class AsyncWorker:
         outage = Outage(self.queue.backend.url, self.name)
         self._start = functools.partial(self._start_job, threads, handler_queue)
         while not self._stopping.is_set():
+            if self._writes.refused is not None:
+                raise self._writes.refused  # a final write the store refuses for good
             want = self._wanted()
             if want <= 0:
                 if self._done:

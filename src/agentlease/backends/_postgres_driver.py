@@ -227,7 +227,9 @@ _ROLE_MISSING = re.compile(r'role ".*" does not exist')
 _DATABASE_MISSING = re.compile(r'database ".*" does not exist')
 
 
-def translate(settings: PostgresSettings, exc: psycopg.Error) -> BackendError:
+def translate(
+    settings: PostgresSettings, exc: psycopg.Error, *, migrating: bool = False
+) -> BackendError:
     """The one place where psycopg errors become agentlease errors.
 
     Callers ``raise translate(settings, exc) from exc`` so the driver's error stays the cause.
@@ -236,6 +238,8 @@ def translate(settings: PostgresSettings, exc: psycopg.Error) -> BackendError:
     is a :class:`BackendRefused` (permanent): a refused login (:class:`AuthenticationFailed`), a
     missing privilege (:class:`PermissionDenied`), a missing database, and a schema without the
     agentlease tables (:class:`SchemaNotMigrated`, whose message says how to fix it).
+    A missing privilege's message names the privilege and the object agentlease needs (the
+    CREATE that migrating needs when ``migrating``).
     """
     detail = " ".join(str(exc).split()) or type(exc).__name__
     where = f"PostgreSQL {settings.display}"
@@ -248,11 +252,10 @@ def translate(settings: PostgresSettings, exc: psycopg.Error) -> BackendError:
     if refused is not None:
         return refused
     if isinstance(exc, errors.InsufficientPrivilege):
-        return PermissionDenied(
-            f"{where}: {detail} (the URL's user needs CREATE on schema {settings.schema!r} to "
-            "migrate it: grant it, run agentlease migrate as the schema's owner, or pick a "
-            "schema it owns with ?schema=)"
-        )
+        from agentlease._rights import explain_postgres_denial
+
+        why = explain_postgres_denial(settings.schema, detail, migrating=migrating)
+        return PermissionDenied(f"{where}: {why}")
     if isinstance(exc, PoolTimeout):
         return BackendUnavailable(
             f"{where} is unavailable: no connection within pool_timeout={settings.pool_timeout:g}s "

@@ -389,7 +389,6 @@ _UNAVAILABLE = (
 _UNAVAILABLE_REPLIES = (
     "NOAUTH",
     "WRONGPASS",
-    "NOPERM",
     "LOADING",
     "READONLY",
     "MASTERDOWN",
@@ -400,6 +399,9 @@ _UNAVAILABLE_REPLIES = (
     "NOREPLICAS",
     "OOM",
 )
+# A command a script calls, refused by the user's ACL: a plain error reply, not NOPERM (the words
+# of Redis 7.0 and 7.1, then of 7.2 on).
+_SCRIPT_DENIED = re.compile(r"user executing the script can't|ACL failure in script")
 REFUSED_REPLIES = ("BUSY ", "LOADING", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN")
 """Replies to a call the server did not run: safe to send again whatever the call."""
 
@@ -412,14 +414,23 @@ def translate(url: str, exc: Exception) -> BackendError:
     message = str(exc) or type(exc).__name__
     # A cluster client that could reach no node says why in the error it chains (a refused login).
     cause = exc.__cause__ if isinstance(exc, rx.RedisClusterException) else exc
+    if isinstance(cause, rx.RedisClusterException) and isinstance(
+        cause.__context__, rx.NoPermissionError
+    ):  # CLUSTER SLOTS refused by the ACL, which redis-py words as "cluster mode is not enabled"
+        cause = cause.__context__
+        message = str(cause)
     if isinstance(cause, rx.AuthenticationError | rx.AuthenticationWrongNumberOfArgsError) or (
         message.startswith(("WRONGPASS", "NOAUTH"))
     ):  # permanent: the same login fails the same way until the URL or the server's users change
         return AuthenticationFailed(f"Redis at {url}: authentication failed: {message}")
-    if isinstance(cause, rx.AuthorizationError | rx.NoPermissionError) or message.startswith(
-        "NOPERM"
-    ):
-        return PermissionDenied(f"Redis at {url}: the user may not do this: {message}")
+    if (
+        isinstance(cause, rx.AuthorizationError | rx.NoPermissionError)
+        or message.startswith("NOPERM")
+        or (isinstance(exc, rx.ResponseError) and _SCRIPT_DENIED.search(message))
+    ):  # permanent: the user's ACL lacks a command or a key (a script's commands count too)
+        from agentlease._rights import explain_redis_denial
+
+        return PermissionDenied(f"Redis at {url}: {explain_redis_denial(url, message)}")
     if isinstance(exc, _UNAVAILABLE) or message.startswith(_UNAVAILABLE_REPLIES):
         return BackendUnavailable(f"Redis at {url} is unavailable: {message}")
     if isinstance(exc, rx.RedisClusterException) and "connect" in message.lower():  # no node

@@ -47,6 +47,7 @@ COMMANDS = {
     "inspect": "agentlease.cli.admin",
     "keys": "agentlease.cli.keys",
     "migrate": "agentlease.cli.migrate",
+    "rights": "agentlease.cli.rights",
     "stats": "agentlease.cli.admin",
     "worker": "agentlease.cli.work",
 }

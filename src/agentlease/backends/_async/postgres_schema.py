@@ -6,7 +6,9 @@ versions without any lock (the common case: nothing to do, no waiting). When som
 opens ONE transaction, takes a transaction-level advisory lock keyed by the schema, creates the
 schema if needed, reads the versions again and applies only what is still missing, then commits:
 processes that start together queue on the lock, and each one after the first finds the work
-done. A failure rolls everything back, so a schema is never left half-migrated.
+done. A failure rolls everything back, so a schema is never left half-migrated. A role without
+USAGE on an existing schema sees no tables in it: that is reported as the missing USAGE, not as
+a schema to migrate.
 
 A schema with a migration newer than any this agentlease ships (an upgraded process migrated
 it) is refused with :class:`~agentlease.errors.SchemaTooNew`, by :func:`migrate` and
@@ -21,11 +23,12 @@ import hashlib
 from typing import Any
 
 import psycopg
-from psycopg import AsyncConnection, sql
+from psycopg import AsyncConnection, errors, sql
 
+from agentlease._rights import explain_postgres_denial
 from agentlease.backends._postgres_driver import MIGRATE_HINT, MIGRATIONS, Migration, Q, translate
 from agentlease.backends._postgres_url import PostgresSettings
-from agentlease.errors import SchemaNotMigrated, SchemaTooNew
+from agentlease.errors import PermissionDenied, SchemaNotMigrated, SchemaTooNew
 
 __all__ = ["lock_key", "migrate", "pending"]
 
@@ -39,8 +42,12 @@ def lock_key(schema: str) -> int:
 async def _applied(conn: AsyncConnection[Any], settings: PostgresSettings) -> set[int]:
     """The versions applied to the schema; a version newer than any this agentlease knows is
     refused (before anything is written)."""
-    cur = await conn.execute(Q["migrations_exist"])
+    cur = await conn.execute(Q["migrations_exist"], {"schema": settings.schema})
     row = await cur.fetchone()
+    if row is not None and not row[0] and row[1]:  # it exists, but the role may not use it
+        denied = f"permission denied for schema {settings.schema}"
+        why = explain_postgres_denial(settings.schema, denied, migrating=False)
+        raise PermissionDenied(f"PostgreSQL {settings.display}: {why}")
     if row is None or not row[0]:
         return set()
     cur = await conn.execute(Q["applied_versions"])
@@ -65,8 +72,9 @@ async def pending(settings: PostgresSettings) -> list[Migration]:
 
     Raises:
         BackendUnavailable: the server cannot be reached.
-        BackendRefused: the server refused the login (:class:`AuthenticationFailed`), or the
-            schema is newer than this agentlease (:class:`SchemaTooNew`).
+        BackendRefused: the server refused the login (:class:`AuthenticationFailed`), the
+            role may not use the schema (:class:`PermissionDenied`: no USAGE), or the schema is
+            newer than this agentlease (:class:`SchemaTooNew`).
     """
     try:
         async with await _connect(settings) as conn:
@@ -86,6 +94,8 @@ async def migrate(settings: PostgresSettings, *, apply: bool = True) -> list[Mig
         AuthenticationFailed: the server refused the login.
         SchemaNotMigrated: ``apply=False`` and migrations are pending.
         SchemaTooNew: the schema has a migration newer than this agentlease knows.
+        PermissionDenied: the role may not use the schema (no USAGE), or may not migrate it
+            (no CREATE on it, or on the database to create it); the message says which.
         BackendError: applying a migration failed (nothing of it was kept).
     """
     try:
@@ -106,6 +116,13 @@ async def migrate(settings: PostgresSettings, *, apply: bool = True) -> list[Mig
 
 
 async def _apply(conn: AsyncConnection[Any], settings: PostgresSettings) -> list[Migration]:
+    try:
+        return await _apply_all(conn, settings)
+    except errors.InsufficientPrivilege as exc:  # CREATE on the schema (or the database)
+        raise translate(settings, exc, migrating=True) from exc
+
+
+async def _apply_all(conn: AsyncConnection[Any], settings: PostgresSettings) -> list[Migration]:
     schema = sql.Identifier(settings.schema)
     applied: list[Migration] = []
     async with conn.transaction():

@@ -8,7 +8,9 @@ versions without any lock (the common case: nothing to do, no waiting). When som
 opens ONE transaction, takes a transaction-level advisory lock keyed by the schema, creates the
 schema if needed, reads the versions again and applies only what is still missing, then commits:
 processes that start together queue on the lock, and each one after the first finds the work
-done. A failure rolls everything back, so a schema is never left half-migrated.
+done. A failure rolls everything back, so a schema is never left half-migrated. A role without
+USAGE on an existing schema sees no tables in it: that is reported as the missing USAGE, not as
+a schema to migrate.
 
 A schema with a migration newer than any this agentlease ships (an upgraded process migrated
 it) is refused with :class:`~agentlease.errors.SchemaTooNew`, by :func:`migrate` and
@@ -23,11 +25,12 @@ import hashlib
 from typing import Any
 
 import psycopg
-from psycopg import Connection, sql
+from psycopg import Connection, errors, sql
 
+from agentlease._rights import explain_postgres_denial
 from agentlease.backends._postgres_driver import MIGRATE_HINT, MIGRATIONS, Migration, Q, translate
 from agentlease.backends._postgres_url import PostgresSettings
-from agentlease.errors import SchemaNotMigrated, SchemaTooNew
+from agentlease.errors import PermissionDenied, SchemaNotMigrated, SchemaTooNew
 
 __all__ = ["lock_key", "migrate", "pending"]
 
@@ -41,8 +44,12 @@ def lock_key(schema: str) -> int:
 def _applied(conn: Connection[Any], settings: PostgresSettings) -> set[int]:
     """The versions applied to the schema; a version newer than any this agentlease knows is
     refused (before anything is written)."""
-    cur = conn.execute(Q["migrations_exist"])
+    cur = conn.execute(Q["migrations_exist"], {"schema": settings.schema})
     row = cur.fetchone()
+    if row is not None and not row[0] and row[1]:  # it exists, but the role may not use it
+        denied = f"permission denied for schema {settings.schema}"
+        why = explain_postgres_denial(settings.schema, denied, migrating=False)
+        raise PermissionDenied(f"PostgreSQL {settings.display}: {why}")
     if row is None or not row[0]:
         return set()
     cur = conn.execute(Q["applied_versions"])
@@ -67,8 +74,9 @@ def pending(settings: PostgresSettings) -> list[Migration]:
 
     Raises:
         BackendUnavailable: the server cannot be reached.
-        BackendRefused: the server refused the login (:class:`AuthenticationFailed`), or the
-            schema is newer than this agentlease (:class:`SchemaTooNew`).
+        BackendRefused: the server refused the login (:class:`AuthenticationFailed`), the
+            role may not use the schema (:class:`PermissionDenied`: no USAGE), or the schema is
+            newer than this agentlease (:class:`SchemaTooNew`).
     """
     try:
         with _connect(settings) as conn:
@@ -88,6 +96,8 @@ def migrate(settings: PostgresSettings, *, apply: bool = True) -> list[Migration
         AuthenticationFailed: the server refused the login.
         SchemaNotMigrated: ``apply=False`` and migrations are pending.
         SchemaTooNew: the schema has a migration newer than this agentlease knows.
+        PermissionDenied: the role may not use the schema (no USAGE), or may not migrate it
+            (no CREATE on it, or on the database to create it); the message says which.
         BackendError: applying a migration failed (nothing of it was kept).
     """
     try:
@@ -108,6 +118,13 @@ def migrate(settings: PostgresSettings, *, apply: bool = True) -> list[Migration
 
 
 def _apply(conn: Connection[Any], settings: PostgresSettings) -> list[Migration]:
+    try:
+        return _apply_all(conn, settings)
+    except errors.InsufficientPrivilege as exc:  # CREATE on the schema (or the database)
+        raise translate(settings, exc, migrating=True) from exc
+
+
+def _apply_all(conn: Connection[Any], settings: PostgresSettings) -> list[Migration]:
     schema = sql.Identifier(settings.schema)
     applied: list[Migration] = []
     with conn.transaction():

@@ -410,7 +410,11 @@ UPDATE agentlease_locks l SET owner = NULL, expires_at = NULL
 WHERE l.name = ANY (ARRAY(SELECT d.name FROM doomed d));
 
 -- name: migrations_exist
-SELECT to_regclass('agentlease_migrations') IS NOT NULL;
+-- Whether the schema has agentlease's tables; and whether it exists but the role may not use it
+-- (no USAGE: the search path leaves it out, so its tables look absent).
+SELECT to_regclass('agentlease_migrations') IS NOT NULL,
+       EXISTS (SELECT 1 FROM pg_namespace
+               WHERE nspname = %(schema)s AND NOT has_schema_privilege(oid, 'USAGE'));
 
 -- name: applied_versions
 SELECT version FROM agentlease_migrations ORDER BY version;

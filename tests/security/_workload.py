@@ -1,0 +1,139 @@
+"""Every primitive a worker, an idempotent tool and a guard send, on one store: the workload that
+tests/security/test_rights.py runs under exactly the rights ``agentlease rights`` prints.
+
+Each store primitive is called at least once, through the public API where it reaches it
+(``Queue``, ``Idempotency``, ``SharedState``) and through the backend where only a background
+thread would (renewals, the sweep); a failure raises whatever the store's refusal became.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+import agentlease as al
+
+__all__ = ["QUEUE", "exercise", "exercise_async"]
+
+QUEUE = "rights"
+
+
+def _queue(url: str) -> None:
+    name = f"{QUEUE}-{uuid.uuid4().hex[:8]}"
+    with al.Queue.connect(url, settings=al.QueueSettings(lease_for=5)) as queue:
+        queue.enqueue(name, {"n": 1}, dedup_key="one")
+        assert not queue.enqueue(name, {"n": 1}, dedup_key="one").created
+        queue.enqueue(name, {"n": 2}, delay=60)
+        queue.enqueue(name, {"n": 3}, partition="account:1")
+        queue.enqueue(name, {"n": 4}, partition="account:1")  # parked behind n=3
+        queue.enqueue_many(name, [{"n": 5}, {"n": 6}, {"n": 7}])
+        jobs = queue.claim(name, n=5)
+        assert jobs, "nothing claimed"
+        queue.extend([job.lease for job in jobs])
+        queue.progress(jobs[0].lease, {"step": 1}, checkpoint={"at": 1})
+        queue.complete(jobs[0].lease, {"ok": True})
+        queue.complete_many([(job.lease, None) for job in jobs[1:3]])
+        queue.release(jobs[3].lease)
+        queue.fail(jobs[4].lease, "boom", retry_in=None)  # dead at once
+        assert queue.requeue_dead(name) == 1
+        (job,) = queue.claim(name, n=1)
+        queue.fail(job.lease, "again", retry_in=0)  # retried
+        queue.get(job.task_id)
+        queue.stats(name)
+        queue.inspect(name)
+        queue.dead(name)
+        queue.queues()
+        queue.reap(name)
+        # A lease that runs out and is reaped by the next claim (and by reap).
+        short = al.QueueSettings(lease_for=0.2)
+        with al.Queue.connect(url, settings=short) as fast:
+            fast.claim(name, n=10)
+            time.sleep(0.3)
+            fast.reap(name)
+            fast.complete_encoded_and_claim([], name, 2)
+        queue.backend.wait_for_work(name, 0.05)
+
+
+def _keys(url: str) -> None:
+    settings = al.IdempotencySettings(hold_for=5)
+    with al.Idempotency.connect(url, settings=settings) as keys:
+        task = uuid.uuid4().hex
+        with keys.begin("send", {"to": "ada"}, step="s", task_id=task) as act:
+            assert not act.replayed
+            act.check()
+            assert act.hold is not None
+            keys.backend.extend_key(act.hold, 5)  # what the renewal thread sends
+            act.complete({"id": 1})
+        again = keys.begin("send", {"to": "ada"}, step="s", task_id=task)
+        assert again.replayed
+        assert again.result == {"id": 1}
+        failed = keys.begin("send", {"to": "bob"}, step="s", task_id=task)
+        failed.fail(ValueError("bounced"))
+        released = keys.begin("send", {"to": "eve"}, step="s", task_id=task)
+        released.release()
+        keys.get(released.key)
+        keys.purge()
+
+
+def _state(url: str) -> None:
+    with al.SharedState.connect(url) as state:
+        key = f"pr:{uuid.uuid4().hex}"
+        version = state.compare_and_set(key, 0, {"status": "draft", "notes": []})
+        state.set_field(key, "status", "review")
+        state.update(key, lambda pr: {**pr, "notes": ["lgtm"]})
+        state.delete(key, state.get(key).version)
+        assert version == 1
+        counter = f"seats:{uuid.uuid4().hex}"
+        state.add(counter, 3)
+        state.reserve(counter, 1, limit=10)
+        state.take(counter, 1, minimum=0)
+        state.release(counter, 1)
+        state.counter(counter)
+        with state.hold(counter, 2, limit=10, ttl=5) as held:
+            state.backend.extend_hold(counter, held.token, 5)  # what its renewals send
+            held.commit()
+        with state.hold(counter, 1, limit=10, ttl=5):
+            pass  # given back
+        names = [f"lock:{uuid.uuid4().hex}", f"lock:{uuid.uuid4().hex}"]
+        with state.locks(names[:1], timeout=2, ttl=5):  # a set of one
+            pass
+        with state.locks(names, timeout=2, ttl=5) as locks:
+            state.backend.extend_locks(locks.names, locks.owner, 5)  # what its renewals send
+            state.lock_holders(names)
+        state.sweep_locks()
+
+
+def exercise(url: str) -> None:
+    """Every primitive of the queue, the idempotency keys and the guards, on the sync face."""
+    _queue(url)
+    _keys(url)
+    _state(url)
+
+
+async def exercise_async(url: str) -> None:
+    """The asyncio face: a task through an ``AsyncWorker``, a key replayed, a guarded write."""
+    async with al.AsyncQueue.connect(url) as queue:
+        await queue.enqueue("rights-async", {"n": 1})
+
+        async def handler(ctx: al.AsyncJobContext) -> al.JSON:
+            return {"n": ctx.payload}
+
+        await al.AsyncWorker(queue, "rights-async", handler).run(burst=True)
+        assert (await queue.stats("rights-async")).counts == {"done": 1}
+    async with al.AsyncIdempotency.connect(url) as keys:
+        task = uuid.uuid4().hex
+        act = await keys.begin("send", {"to": "ada"}, step="s", task_id=task)
+        await act.complete({"id": 1})
+        assert (await keys.begin("send", {"to": "ada"}, step="s", task_id=task)).replayed
+    async with al.AsyncSharedState.connect(url) as state:
+        key = f"pr:{uuid.uuid4().hex}"
+        await state.compare_and_set(key, 0, {"status": "draft"})
+        await state.add(f"c:{key}", 1)
+        async with state.locks([key], timeout=2, ttl=5):
+            pass
+
+
+def run_async(url: str) -> None:
+    """:func:`exercise_async` on a new event loop."""
+    asyncio.run(exercise_async(url))
