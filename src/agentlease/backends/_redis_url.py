@@ -23,9 +23,16 @@ ssl_check_hostname  ``0`` to skip the host name check (rediss only)
 Opening does no I/O (except for a cluster's synchronous client, which reads the slot map): a
 wrong password or an unreachable host surface at the first call, within the connect timeout: an
 unreachable host as :class:`~agentlease.errors.BackendUnavailable` (transient), a refused login
-as :class:`~agentlease.errors.AuthenticationFailed` and a command the user's ACL forbids as
-:class:`~agentlease.errors.PermissionDenied` (both :class:`~agentlease.errors.BackendRefused`:
-permanent, retrying cannot help).
+as :class:`~agentlease.errors.AuthenticationFailed`, a command the user's ACL forbids as
+:class:`~agentlease.errors.PermissionDenied` and a failed TLS handshake (a server certificate
+that the CA of ``ssl_ca_certs`` did not sign or that does not name the host, a server that
+requires a client certificate or refuses the one given) as :class:`~agentlease.errors.TLSRefused`
+(all three :class:`~agentlease.errors.BackendRefused`: permanent, retrying cannot help).
+
+A server that requires a client certificate says so only after the handshake (TLS 1.3), and the
+connection it then closes may look to the client like any broken connection; when a TLS
+connection breaks that way, :func:`tls_refusal` asks the server once more, with a handshake and
+nothing sent, and the server's alert tells which it was.
 
 Every driver error reaches the caller through :func:`translate`, the one place where redis-py's
 exceptions become agentlease's (the driver's exception is kept as ``__cause__``).
@@ -38,9 +45,12 @@ import math
 import os
 import re
 import select
+import socket
+import ssl
 import threading
 import time
 from asyncio import sleep as async_sleep
+from asyncio import to_thread
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
@@ -58,6 +68,7 @@ from agentlease.errors import (
     BackendUnavailable,
     InvalidURL,
     PermissionDenied,
+    TLSRefused,
 )
 
 __all__ = [
@@ -65,11 +76,14 @@ __all__ = [
     "PACK",
     "REFUSED_REPLIES",
     "AsyncFace",
+    "BackendError",
+    "BackendUnavailable",
     "Gate",
     "RedisOptions",
     "SyncFace",
     "async_gate",
     "async_sleep",
+    "async_tls_refusal",
     "closed_while_idle",
     "closer",
     "connect",
@@ -81,6 +95,8 @@ __all__ = [
     "redis_sync",
     "sync_gate",
     "sync_sleep",
+    "sync_tls_refusal",
+    "tls_refusal",
     "translate",
     "twin_async",
     "twin_sync",
@@ -395,12 +411,52 @@ REFUSED_REPLIES = ("BUSY ", "LOADING", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN")
 """Replies to a call the server did not run: safe to send again whatever the call."""
 
 
+def _chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and the exceptions it was raised from or while handling (redis-py wraps the
+    ``ssl`` error it met in its own ConnectionError)."""
+    seen: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and current not in seen and len(seen) < 10:
+        seen.append(current)
+        current = current.__cause__ or current.__context__
+    return seen
+
+
+# OpenSSL's X509_V_ERR_HOSTNAME_MISMATCH and X509_V_ERR_IP_ADDRESS_MISMATCH.
+_NAME_MISMATCH = (62, 64)
+
+
+def tls_reason(exc: BaseException) -> str | None:
+    """Why a TLS handshake failed for good, if ``exc`` (or what it wraps) says so, else None."""
+    for link in _chain(exc):
+        if isinstance(link, ssl.SSLCertVerificationError):
+            said = link.verify_message or str(link)
+            if link.verify_code in _NAME_MISMATCH:
+                return (
+                    f"the host name does not match the server's certificate ({said}): connect by "
+                    "a name or address the certificate lists"
+                )
+            return (
+                f"the server's certificate could not be verified ({said}): ssl_ca_certs must "
+                "name the CA that signed it"
+            )
+        if isinstance(link, ssl.SSLError) and "ALERT" in (link.reason or ""):
+            alert = (link.reason or "").lower()
+            if "certificate_required" in alert:
+                return "the server requires a client certificate: give ssl_certfile and ssl_keyfile"
+            return f"the server refused the TLS handshake ({alert}): check the client certificate"
+    return None
+
+
 def translate(url: str, exc: Exception) -> BackendError:
     """The one place where a redis-py exception becomes an agentlease error.
 
     Raise the result ``from exc`` so that the driver's exception stays the ``__cause__``.
     """
     message = str(exc) or type(exc).__name__
+    why = tls_reason(exc)
+    if why is not None:  # permanent: the same handshake fails the same way
+        return TLSRefused(f"Redis at {url}: TLS refused: {why}")
     # A cluster client that could reach no node says why in the error it chains (a refused login).
     cause = exc.__cause__ if isinstance(exc, rx.RedisClusterException) else exc
     if isinstance(cause, rx.AuthenticationError | rx.AuthenticationWrongNumberOfArgsError) or (
@@ -416,6 +472,61 @@ def translate(url: str, exc: Exception) -> BackendError:
     if isinstance(exc, rx.RedisClusterException) and "connect" in message.lower():  # no node
         return BackendUnavailable(f"Redis Cluster at {url} is unavailable: {message}")
     return BackendError(f"Redis at {url}: {type(exc).__name__}: {message}")
+
+
+def _broken_after_handshake(exc: BaseException) -> bool:
+    """Whether ``exc`` is a connection that broke the way one does when the server ends it right
+    after the handshake (what a refused client certificate looks like from the client)."""
+    return any(
+        isinstance(link, ssl.SSLEOFError | ConnectionResetError | BrokenPipeError)
+        for link in _chain(exc)
+    )
+
+
+def tls_refusal(client: Any, exc: BaseException, url: str) -> TLSRefused | None:
+    """After ``exc`` on a TLS connection of ``client`` that broke as one the server refused
+    would: one handshake with the client's TLS settings, nothing sent, and a wait of at most a
+    second for the server's verdict. A TLS alert (a client certificate required or refused) is
+    returned as :class:`TLSRefused`; silence, a reply or another error mean it was not that.
+
+    Blocking; ``async_tls_refusal`` runs it in a thread. Only a plain (not cluster) client's
+    settings are read; for a cluster it returns None.
+    """
+    pool = getattr(client, "connection_pool", None)
+    kwargs: dict[str, Any] = getattr(pool, "connection_kwargs", None) or {}
+    if "ssl_cert_reqs" not in kwargs or not _broken_after_handshake(exc):
+        return None
+    context = ssl.create_default_context(cafile=kwargs.get("ssl_ca_certs"))
+    reqs = kwargs.get("ssl_cert_reqs")
+    context.check_hostname = bool(kwargs.get("ssl_check_hostname", True)) and reqs != "none"
+    if reqs in ("none", ssl.CERT_NONE):
+        context.verify_mode = ssl.CERT_NONE
+    elif reqs in ("optional", ssl.CERT_OPTIONAL):
+        context.verify_mode = ssl.CERT_OPTIONAL
+    host = str(kwargs.get("host", "localhost"))
+    wait = min(1.0, float(kwargs.get("socket_connect_timeout") or 1.0))
+    try:
+        if kwargs.get("ssl_certfile"):
+            context.load_cert_chain(kwargs["ssl_certfile"], kwargs.get("ssl_keyfile"))
+        with (
+            socket.create_connection((host, int(kwargs.get("port", 6379))), timeout=wait) as raw,
+            context.wrap_socket(raw, server_hostname=host) as tls,
+        ):
+            tls.recv(1)
+    except (OSError, ValueError) as probe:
+        why = tls_reason(probe)
+        return None if why is None else TLSRefused(f"Redis at {url}: TLS refused: {why}")
+    return None
+
+
+def sync_tls_refusal(client: Any, exc: BaseException, url: str) -> TLSRefused | None:
+    """:func:`tls_refusal`, for the synchronous face."""
+    return tls_refusal(client, exc, url)
+
+
+async def async_tls_refusal(client: Any, exc: BaseException, url: str) -> TLSRefused | None:
+    """:func:`tls_refusal` in a thread, for the asyncio face."""
+    return await to_thread(tls_refusal, client, exc, url)
 
 
 def bounded(options: RedisOptions, call_timeout: float | None) -> RedisOptions:

@@ -166,13 +166,23 @@ class RedisLink:
             else:
                 late = time.monotonic() - started + pause > RETRY_WINDOW
                 if late or not _repeatable(exc, retry):
-                    raise _redis_url.translate(self.url, exc) from exc
+                    raise self._refusal(exc) from exc
                 _redis_url.sync_sleep(pause)
                 pause *= 2
             try:
                 return send()
             except _ERRORS as again:
                 exc = again
+
+    def _refusal(self, exc: Exception) -> _redis_url.BackendError:
+        """The agentlease error for ``exc``; on a TLS connection that broke as one the server
+        refused would, the server is asked why (see :func:`_redis_url.tls_refusal`)."""
+        error = _redis_url.translate(self.url, exc)
+        if isinstance(error, _redis_url.BackendUnavailable):
+            refused = _redis_url.sync_tls_refusal(self.client, exc, self.url)
+            if refused is not None:
+                return refused
+        return error
 
     def _pipeline(self, calls: Sequence[Call]) -> list[Any]:
         results: list[Any] = [None] * len(calls)
