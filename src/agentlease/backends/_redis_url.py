@@ -88,6 +88,7 @@ __all__ = [
     "closer",
     "connect",
     "connect_async",
+    "connection_settings",
     "forks",
     "parse",
     "pool_args",
@@ -96,6 +97,7 @@ __all__ = [
     "sync_gate",
     "sync_sleep",
     "sync_tls_refusal",
+    "tls_reason",
     "tls_refusal",
     "translate",
     "twin_async",
@@ -483,33 +485,46 @@ def _broken_after_handshake(exc: BaseException) -> bool:
     )
 
 
-def tls_refusal(client: Any, exc: BaseException, url: str) -> TLSRefused | None:
-    """After ``exc`` on a TLS connection of ``client`` that broke as one the server refused
-    would: one handshake with the client's TLS settings, nothing sent, and a wait of at most a
-    second for the server's verdict. A TLS alert (a client certificate required or refused) is
-    returned as :class:`TLSRefused`; silence, a reply or another error mean it was not that.
-
-    Blocking; ``async_tls_refusal`` runs it in a thread. Only a plain (not cluster) client's
-    settings are read; for a cluster it returns None.
-    """
+def connection_settings(client: Any) -> dict[str, Any]:
+    """What ``client`` (any of redis-py's four) connects with: host, port and ``ssl_*``
+    settings (a cluster's first startup node). Empty if this redis-py keeps them elsewhere."""
     pool = getattr(client, "connection_pool", None)
-    kwargs: dict[str, Any] = getattr(pool, "connection_kwargs", None) or {}
-    if "ssl_cert_reqs" not in kwargs or not _broken_after_handshake(exc):
-        return None
-    context = ssl.create_default_context(cafile=kwargs.get("ssl_ca_certs"))
-    reqs = kwargs.get("ssl_cert_reqs")
-    context.check_hostname = bool(kwargs.get("ssl_check_hostname", True)) and reqs != "none"
+    if pool is not None:
+        return dict(getattr(pool, "connection_kwargs", {}))
+    nodes = getattr(client, "nodes_manager", None)
+    settings = dict(getattr(nodes, "connection_kwargs", None) or {})
+    startup = list((getattr(nodes, "startup_nodes", None) or {}).values())
+    if not settings or not startup:
+        return {}
+    return {**settings, "host": startup[0].host, "port": startup[0].port}
+
+
+def tls_refusal(settings: dict[str, Any], exc: BaseException, url: str) -> TLSRefused | None:
+    """After ``exc`` on a TLS connection made with ``settings`` (redis-py's keyword arguments:
+    host, port, ``ssl_*``) that broke as one the server refused would: one handshake with those
+    settings, nothing sent, and a wait of at most a second for the server's verdict. A TLS
+    alert (a client certificate required or refused) is returned as :class:`TLSRefused`;
+    silence, a reply or another error mean it was not that, and give None.
+
+    Blocking; ``async_tls_refusal`` runs it in a thread.
+    """
+    tls = settings.get("ssl") or "ssl_cert_reqs" in settings  # a client's, or a pool's
+    if not tls or not _broken_after_handshake(exc):
+        return None  # not TLS, or not broken that way: no I/O
+    context = ssl.create_default_context(cafile=settings.get("ssl_ca_certs"))
+    reqs = settings.get("ssl_cert_reqs")
+    context.check_hostname = bool(settings.get("ssl_check_hostname", True)) and reqs != "none"
     if reqs in ("none", ssl.CERT_NONE):
         context.verify_mode = ssl.CERT_NONE
     elif reqs in ("optional", ssl.CERT_OPTIONAL):
         context.verify_mode = ssl.CERT_OPTIONAL
-    host = str(kwargs.get("host", "localhost"))
-    wait = min(1.0, float(kwargs.get("socket_connect_timeout") or 1.0))
+    host = str(settings.get("host") or "localhost")
+    wait = min(1.0, float(settings.get("socket_connect_timeout") or 1.0))
     try:
-        if kwargs.get("ssl_certfile"):
-            context.load_cert_chain(kwargs["ssl_certfile"], kwargs.get("ssl_keyfile"))
+        if settings.get("ssl_certfile"):
+            context.load_cert_chain(settings["ssl_certfile"], settings.get("ssl_keyfile"))
         with (
-            socket.create_connection((host, int(kwargs.get("port", 6379))), timeout=wait) as raw,
+            socket.create_connection((host, int(settings.get("port") or 6379)), wait) as raw,
             context.wrap_socket(raw, server_hostname=host) as tls,
         ):
             tls.recv(1)
@@ -520,13 +535,13 @@ def tls_refusal(client: Any, exc: BaseException, url: str) -> TLSRefused | None:
 
 
 def sync_tls_refusal(client: Any, exc: BaseException, url: str) -> TLSRefused | None:
-    """:func:`tls_refusal`, for the synchronous face."""
-    return tls_refusal(client, exc, url)
+    """:func:`tls_refusal` with the settings of ``client``, for the synchronous face."""
+    return tls_refusal(connection_settings(client), exc, url)
 
 
 async def async_tls_refusal(client: Any, exc: BaseException, url: str) -> TLSRefused | None:
-    """:func:`tls_refusal` in a thread, for the asyncio face."""
-    return await to_thread(tls_refusal, client, exc, url)
+    """:func:`tls_refusal` with the settings of ``client``, in a thread, for the asyncio face."""
+    return await to_thread(tls_refusal, connection_settings(client), exc, url)
 
 
 def bounded(options: RedisOptions, call_timeout: float | None) -> RedisOptions:

@@ -100,7 +100,8 @@ class AsyncRedisBackend(RedisKeys, RedisState):
                 else _redis_url.redis_asyncio.Redis(retry=retry, **options.client_kwargs())
             )
         except _redis_url.DRIVER_ERRORS as exc:  # a cluster client reads the slot map at once
-            raise _redis_url.translate(self.url, exc) from exc
+            refused = _redis_url.tls_refusal(options.client_kwargs(), exc, self.url)
+            raise (refused or _redis_url.translate(self.url, exc)) from exc
         self._link = CheckedLink(client, self.url, options.prefix)
 
     # -- helpers -------------------------------------------------------------------------------

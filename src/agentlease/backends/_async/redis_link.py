@@ -65,7 +65,7 @@ Client = _redis_url.redis_asyncio.Redis | _redis_url.redis_asyncio.RedisCluster
 
 def _repeatable(exc: Exception, retry: bool) -> bool:
     """Whether a call that raised ``exc`` may be sent again."""
-    if isinstance(exc, _FATAL):
+    if isinstance(exc, _FATAL) or _redis_url.tls_reason(exc) is not None:
         return False
     if isinstance(exc, _REFUSED) or str(exc).startswith(_redis_url.REFUSED_REPLIES):
         return True
