@@ -459,3 +459,24 @@ def test_worker_and_demo_over_postgres_tls(
 ) -> None:
     _worker_end_to_end(_pg(pg_tls, certs.ca, schema="worker"), "work")
     _demo(_pg(pg_tls, certs.ca, schema="demo"))
+
+
+def test_tls_files_that_cannot_be_used_are_refused(
+    redis_tls: dict[str, PrivateRedis],
+    pg_tls: _private_postgres.PrivatePostgres,
+    certs: _certs.Certs,
+    tmp_path: Path,
+) -> None:
+    """A missing CA file, or a client certificate given with another key, fails the same way
+    every time: refused at once, not waited for as an outage."""
+    missing = str(tmp_path / "missing.crt")
+    server = redis_tls["verify"]
+    _refused(_rediss(server, certs, ssl_ca_certs=missing), "TLS file", "cannot be read")
+    mismatched = _rediss(
+        server,
+        certs,
+        ssl_certfile=str(certs.client.cert),
+        ssl_keyfile=str(certs.server.key),
+    )
+    _refused(mismatched, "cannot be used", "key values mismatch")
+    _refused(_pg(pg_tls, certs.ca, sslrootcert=missing), "sslrootcert", "cannot be read")

@@ -428,9 +428,19 @@ def _chain(exc: BaseException) -> list[BaseException]:
 _NAME_MISMATCH = (62, 64)
 
 
-def tls_reason(exc: BaseException) -> str | None:
-    """Why a TLS handshake failed for good, if ``exc`` (or what it wraps) says so, else None."""
+def tls_reason(exc: BaseException, *, tls: bool = True) -> str | None:
+    """Why a TLS handshake failed for good, if ``exc`` (or what it wraps) says so, else None.
+
+    With ``tls`` (a ``rediss://`` URL), a file that cannot be read is one of the TLS files.
+    """
     for link in _chain(exc):
+        if tls and isinstance(link, FileNotFoundError | PermissionError | IsADirectoryError):
+            return f"a TLS file (ssl_ca_certs, ssl_certfile or ssl_keyfile) cannot be read: {link}"
+        if isinstance(link, ssl.SSLError) and link.library in ("PEM", "X509"):
+            return (
+                f"the TLS files (ssl_ca_certs, ssl_certfile, ssl_keyfile) cannot be used: "
+                f"{(link.reason or str(link)).lower().replace('_', ' ')}"
+            )
         if isinstance(link, ssl.SSLCertVerificationError):
             said = link.verify_message or str(link)
             if link.verify_code in _NAME_MISMATCH:
@@ -443,8 +453,8 @@ def tls_reason(exc: BaseException) -> str | None:
                 "name the CA that signed it"
             )
         if isinstance(link, ssl.SSLError) and "ALERT" in (link.reason or ""):
-            alert = (link.reason or "").lower()
-            if "certificate_required" in alert:
+            alert = (link.reason or "").lower().replace("_", " ")
+            if "certificate required" in alert:
                 return "the server requires a client certificate: give ssl_certfile and ssl_keyfile"
             return f"the server refused the TLS handshake ({alert}): check the client certificate"
     return None
@@ -456,7 +466,7 @@ def translate(url: str, exc: Exception) -> BackendError:
     Raise the result ``from exc`` so that the driver's exception stays the ``__cause__``.
     """
     message = str(exc) or type(exc).__name__
-    why = tls_reason(exc)
+    why = tls_reason(exc, tls=url.startswith("rediss:"))
     if why is not None:  # permanent: the same handshake fails the same way
         return TLSRefused(f"Redis at {url}: TLS refused: {why}")
     # A cluster client that could reach no node says why in the error it chains (a refused login).

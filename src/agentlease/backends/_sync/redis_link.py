@@ -65,9 +65,9 @@ _PACK = _redis_url.PACK
 Client = _redis_url.redis_sync.Redis | _redis_url.redis_sync.RedisCluster
 
 
-def _repeatable(exc: Exception, retry: bool) -> bool:
-    """Whether a call that raised ``exc`` may be sent again."""
-    if isinstance(exc, _FATAL) or _redis_url.tls_reason(exc) is not None:
+def _repeatable(exc: Exception, retry: bool, tls: bool = False) -> bool:
+    """Whether a call that raised ``exc`` may be sent again (never after a TLS refusal)."""
+    if isinstance(exc, _FATAL) or _redis_url.tls_reason(exc, tls=tls) is not None:
         return False
     if isinstance(exc, _REFUSED) or str(exc).startswith(_redis_url.REFUSED_REPLIES):
         return True
@@ -165,7 +165,7 @@ class RedisLink:
                 send, whole = whole, None
             else:
                 late = time.monotonic() - started + pause > RETRY_WINDOW
-                if late or not _repeatable(exc, retry):
+                if late or not _repeatable(exc, retry, self.url.startswith("rediss:")):
                     raise self._refusal(exc) from exc
                 _redis_url.sync_sleep(pause)
                 pause *= 2
