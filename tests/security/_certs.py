@@ -8,7 +8,9 @@
 * ``wrong_host`` — a server certificate for ``wrong.example`` only, also signed by ``ca``;
 * ``client`` — a client certificate signed by ``ca``, for mutual TLS; its common name,
   ``agentlease_client``, is also the PostgreSQL role it logs in as (``clientcert=verify-full``);
-* ``other_ca`` — a second CA that signed none of them (a client trusting it cannot verify).
+* ``other_ca`` — a second CA that signed none of them (a client trusting it cannot verify);
+* ``stranger`` — a client certificate like ``client`` but signed by ``other_ca`` (a server
+  that trusts ``ca`` refuses it).
 
 Keys are EC P-256 (fast to make) and unencrypted, written 0600.
 """
@@ -48,6 +50,7 @@ class Certs:
     server: Pair
     wrong_host: Pair
     client: Pair
+    stranger: Pair
 
 
 def _name(common: str) -> x509.Name:
@@ -137,7 +140,7 @@ def make(directory: Path) -> Certs:
     """Write a fresh set of certificates and keys under ``directory`` (created if missing)."""
     directory.mkdir(parents=True, exist_ok=True)
     ca, ca_cert, ca_key = _ca(directory, "ca", "agentlease test CA")
-    other_ca, _, _ = _ca(directory, "other-ca", "an unrelated CA")
+    other_ca, other_cert, other_key = _ca(directory, "other-ca", "an unrelated CA")
     server_names: list[x509.GeneralName] = [
         x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
         x509.DNSName("localhost"),
@@ -170,4 +173,20 @@ def make(directory: Path) -> Certs:
         names=None,
         usage=[ExtendedKeyUsageOID.CLIENT_AUTH],
     )
-    return Certs(ca=ca, other_ca=other_ca, server=server, wrong_host=wrong_host, client=client)
+    stranger = _leaf(
+        directory,
+        "stranger",
+        "agentlease_client",
+        other_cert,
+        other_key,
+        names=None,
+        usage=[ExtendedKeyUsageOID.CLIENT_AUTH],
+    )
+    return Certs(
+        ca=ca,
+        other_ca=other_ca,
+        server=server,
+        wrong_host=wrong_host,
+        client=client,
+        stranger=stranger,
+    )

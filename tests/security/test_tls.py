@@ -306,6 +306,13 @@ def test_redis_mutual_tls_needs_the_client_certificate(
         "requires a client certificate",
         "ssl_certfile",
     )
+    stranger = _rediss(
+        server,
+        certs,
+        ssl_certfile=str(certs.stranger.cert),
+        ssl_keyfile=str(certs.stranger.key),
+    )
+    _refused(stranger, "TLS refused", "the server refused the TLS handshake", "unknown ca")
     url = _rediss(server, certs, client=True, prefix="mutual")
     _round_trip_sync(url, "sync")
     _round_trip_async(url, "async")
@@ -442,6 +449,14 @@ def test_postgres_mutual_tls_needs_the_client_certificate(
         "requires a client certificate",
         "sslcert",
     )
+    stranger = _pg(
+        pg_tls,
+        certs.ca,
+        user="agentlease_client",
+        sslcert=str(certs.stranger.cert),
+        sslkey=str(certs.stranger.key),
+    )
+    _refused(stranger, "TLS refused", "does not trust the client certificate's CA")
     url = _pg(
         pg_tls,
         certs.ca,

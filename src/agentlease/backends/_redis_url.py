@@ -436,14 +436,19 @@ def tls_reason(exc: BaseException, *, tls: bool = True) -> str | None:
     for link in _chain(exc):
         if tls and isinstance(link, FileNotFoundError | PermissionError | IsADirectoryError):
             return f"a TLS file (ssl_ca_certs, ssl_certfile or ssl_keyfile) cannot be read: {link}"
-        if isinstance(link, ssl.SSLError) and link.library in ("PEM", "X509"):
+        if not isinstance(link, ssl.SSLError):
+            continue
+        # OpenSSL's words: the attributes the ssl module sets (an error made by hand has none).
+        reason = str(getattr(link, "reason", None) or "").lower().replace("_", " ")
+        if getattr(link, "library", None) in ("PEM", "X509"):
             return (
-                f"the TLS files (ssl_ca_certs, ssl_certfile, ssl_keyfile) cannot be used: "
-                f"{(link.reason or str(link)).lower().replace('_', ' ')}"
+                "the TLS files (ssl_ca_certs, ssl_certfile, ssl_keyfile) cannot be used: "
+                f"{reason or link}"
             )
         if isinstance(link, ssl.SSLCertVerificationError):
-            said = link.verify_message or str(link)
-            if link.verify_code in _NAME_MISMATCH:
+            said = getattr(link, "verify_message", None) or str(link)
+            code = getattr(link, "verify_code", None)
+            if code in _NAME_MISMATCH or "mismatch" in said.lower():
                 return (
                     f"the host name does not match the server's certificate ({said}): connect by "
                     "a name or address the certificate lists"
@@ -452,11 +457,10 @@ def tls_reason(exc: BaseException, *, tls: bool = True) -> str | None:
                 f"the server's certificate could not be verified ({said}): ssl_ca_certs must "
                 "name the CA that signed it"
             )
-        if isinstance(link, ssl.SSLError) and "ALERT" in (link.reason or ""):
-            alert = (link.reason or "").lower().replace("_", " ")
-            if "certificate required" in alert:
+        if "alert" in reason:
+            if "certificate required" in reason:
                 return "the server requires a client certificate: give ssl_certfile and ssl_keyfile"
-            return f"the server refused the TLS handshake ({alert}): check the client certificate"
+            return f"the server refused the TLS handshake ({reason}): check the client certificate"
     return None
 
 
