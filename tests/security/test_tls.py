@@ -32,7 +32,7 @@ import pytest
 
 import agentlease as al
 from agentlease import BackendRefused, BackendUnavailable, TLSRefused
-from agentlease.backends import _redis_url
+from agentlease.backends import _redis_tls
 from tests import _private_postgres, _redis_cluster
 from tests._private_redis import CannotStart, PrivateRedis
 from tests.conftest import unavailable
@@ -351,7 +351,7 @@ def test_a_broken_tls_connection_is_told_from_a_refused_client_certificate(
         "ssl_ca_certs": str(certs.ca.cert),
         "socket_connect_timeout": 0.2,
     }
-    refused = _redis_url.tls_refusal(settings, broken, "rediss://test")
+    refused = _redis_tls.tls_refusal(settings, broken, "rediss://test")
     assert isinstance(refused, TLSRefused)
     assert "requires a client certificate" in str(refused)
     accepted = {
@@ -359,8 +359,8 @@ def test_a_broken_tls_connection_is_told_from_a_refused_client_certificate(
         "ssl_certfile": str(certs.client.cert),
         "ssl_keyfile": str(certs.client.key),
     }
-    assert _redis_url.tls_refusal(accepted, broken, "rediss://test") is None
-    assert _redis_url.tls_refusal(settings, TimeoutError(), "rediss://test") is None
+    assert _redis_tls.tls_refusal(accepted, broken, "rediss://test") is None
+    assert _redis_tls.tls_refusal(settings, TimeoutError(), "rediss://test") is None
 
 
 def test_plain_redis_client_gets_nothing_from_a_tls_only_server(

@@ -29,10 +29,7 @@ that the CA of ``ssl_ca_certs`` did not sign or that does not name the host, a s
 requires a client certificate or refuses the one given) as :class:`~agentlease.errors.TLSRefused`
 (all three :class:`~agentlease.errors.BackendRefused`: permanent, retrying cannot help).
 
-A server that requires a client certificate says so only after the handshake (TLS 1.3), and the
-connection it then closes may look to the client like any broken connection; when a TLS
-connection breaks that way, :func:`tls_refusal` asks the server once more, with a handshake and
-nothing sent, and the server's alert tells which it was.
+How a TLS failure is told from an outage is :mod:`agentlease.backends._redis_tls`'s part.
 
 Every driver error reaches the caller through :func:`translate`, the one place where redis-py's
 exceptions become agentlease's (the driver's exception is kept as ``__cause__``).
@@ -45,12 +42,9 @@ import math
 import os
 import re
 import select
-import socket
-import ssl
 import threading
 import time
 from asyncio import sleep as async_sleep
-from asyncio import to_thread
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
@@ -60,6 +54,7 @@ import redis as redis_sync
 import redis.asyncio as redis_asyncio
 from redis import exceptions as rx
 
+from agentlease.backends._redis_tls import tls_reason
 from agentlease.backends.base import AsyncBackend as AsyncFace
 from agentlease.backends.base import Backend as SyncFace
 from agentlease.errors import (
@@ -76,19 +71,15 @@ __all__ = [
     "PACK",
     "REFUSED_REPLIES",
     "AsyncFace",
-    "BackendError",
-    "BackendUnavailable",
     "Gate",
     "RedisOptions",
     "SyncFace",
     "async_gate",
     "async_sleep",
-    "async_tls_refusal",
     "closed_while_idle",
     "closer",
     "connect",
     "connect_async",
-    "connection_settings",
     "forks",
     "parse",
     "pool_args",
@@ -96,9 +87,6 @@ __all__ = [
     "redis_sync",
     "sync_gate",
     "sync_sleep",
-    "sync_tls_refusal",
-    "tls_reason",
-    "tls_refusal",
     "translate",
     "twin_async",
     "twin_sync",
@@ -413,57 +401,6 @@ REFUSED_REPLIES = ("BUSY ", "LOADING", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN")
 """Replies to a call the server did not run: safe to send again whatever the call."""
 
 
-def _chain(exc: BaseException) -> list[BaseException]:
-    """``exc`` and the exceptions it was raised from or while handling (redis-py wraps the
-    ``ssl`` error it met in its own ConnectionError)."""
-    seen: list[BaseException] = []
-    current: BaseException | None = exc
-    while current is not None and current not in seen and len(seen) < 10:
-        seen.append(current)
-        current = current.__cause__ or current.__context__
-    return seen
-
-
-# OpenSSL's X509_V_ERR_HOSTNAME_MISMATCH and X509_V_ERR_IP_ADDRESS_MISMATCH.
-_NAME_MISMATCH = (62, 64)
-
-
-def tls_reason(exc: BaseException, *, tls: bool = True) -> str | None:
-    """Why a TLS handshake failed for good, if ``exc`` (or what it wraps) says so, else None.
-
-    With ``tls`` (a ``rediss://`` URL), a file that cannot be read is one of the TLS files.
-    """
-    for link in _chain(exc):
-        if tls and isinstance(link, FileNotFoundError | PermissionError | IsADirectoryError):
-            return f"a TLS file (ssl_ca_certs, ssl_certfile or ssl_keyfile) cannot be read: {link}"
-        if not isinstance(link, ssl.SSLError):
-            continue
-        # OpenSSL's words: the attributes the ssl module sets (an error made by hand has none).
-        reason = str(getattr(link, "reason", None) or "").lower().replace("_", " ")
-        if getattr(link, "library", None) in ("PEM", "X509"):
-            return (
-                "the TLS files (ssl_ca_certs, ssl_certfile, ssl_keyfile) cannot be used: "
-                f"{reason or link}"
-            )
-        if isinstance(link, ssl.SSLCertVerificationError):
-            said = getattr(link, "verify_message", None) or str(link)
-            code = getattr(link, "verify_code", None)
-            if code in _NAME_MISMATCH or "mismatch" in said.lower():
-                return (
-                    f"the host name does not match the server's certificate ({said}): connect by "
-                    "a name or address the certificate lists"
-                )
-            return (
-                f"the server's certificate could not be verified ({said}): ssl_ca_certs must "
-                "name the CA that signed it"
-            )
-        if "alert" in reason:
-            if "certificate required" in reason:
-                return "the server requires a client certificate: give ssl_certfile and ssl_keyfile"
-            return f"the server refused the TLS handshake ({reason}): check the client certificate"
-    return None
-
-
 def translate(url: str, exc: Exception) -> BackendError:
     """The one place where a redis-py exception becomes an agentlease error.
 
@@ -488,74 +425,6 @@ def translate(url: str, exc: Exception) -> BackendError:
     if isinstance(exc, rx.RedisClusterException) and "connect" in message.lower():  # no node
         return BackendUnavailable(f"Redis Cluster at {url} is unavailable: {message}")
     return BackendError(f"Redis at {url}: {type(exc).__name__}: {message}")
-
-
-def _broken_after_handshake(exc: BaseException) -> bool:
-    """Whether ``exc`` is a connection that broke the way one does when the server ends it right
-    after the handshake (what a refused client certificate looks like from the client)."""
-    return any(
-        isinstance(link, ssl.SSLEOFError | ConnectionResetError | BrokenPipeError)
-        for link in _chain(exc)
-    )
-
-
-def connection_settings(client: Any) -> dict[str, Any]:
-    """What ``client`` (any of redis-py's four) connects with: host, port and ``ssl_*``
-    settings (a cluster's first startup node). Empty if this redis-py keeps them elsewhere."""
-    pool = getattr(client, "connection_pool", None)
-    if pool is not None:
-        return dict(getattr(pool, "connection_kwargs", {}))
-    nodes = getattr(client, "nodes_manager", None)
-    settings = dict(getattr(nodes, "connection_kwargs", None) or {})
-    startup = list((getattr(nodes, "startup_nodes", None) or {}).values())
-    if not settings or not startup:
-        return {}
-    return {**settings, "host": startup[0].host, "port": startup[0].port}
-
-
-def tls_refusal(settings: dict[str, Any], exc: BaseException, url: str) -> TLSRefused | None:
-    """After ``exc`` on a TLS connection made with ``settings`` (redis-py's keyword arguments:
-    host, port, ``ssl_*``) that broke as one the server refused would: one handshake with those
-    settings, nothing sent, and a wait of at most a second for the server's verdict. A TLS
-    alert (a client certificate required or refused) is returned as :class:`TLSRefused`;
-    silence, a reply or another error mean it was not that, and give None.
-
-    Blocking; ``async_tls_refusal`` runs it in a thread.
-    """
-    tls = settings.get("ssl") or "ssl_cert_reqs" in settings  # a client's, or a pool's
-    if not tls or not _broken_after_handshake(exc):
-        return None  # not TLS, or not broken that way: no I/O
-    context = ssl.create_default_context(cafile=settings.get("ssl_ca_certs"))
-    reqs = settings.get("ssl_cert_reqs")
-    context.check_hostname = bool(settings.get("ssl_check_hostname", True)) and reqs != "none"
-    if reqs in ("none", ssl.CERT_NONE):
-        context.verify_mode = ssl.CERT_NONE
-    elif reqs in ("optional", ssl.CERT_OPTIONAL):
-        context.verify_mode = ssl.CERT_OPTIONAL
-    host = str(settings.get("host") or "localhost")
-    wait = min(1.0, float(settings.get("socket_connect_timeout") or 1.0))
-    try:
-        if settings.get("ssl_certfile"):
-            context.load_cert_chain(settings["ssl_certfile"], settings.get("ssl_keyfile"))
-        with (
-            socket.create_connection((host, int(settings.get("port") or 6379)), wait) as raw,
-            context.wrap_socket(raw, server_hostname=host) as tls,
-        ):
-            tls.recv(1)
-    except (OSError, ValueError) as probe:
-        why = tls_reason(probe)
-        return None if why is None else TLSRefused(f"Redis at {url}: TLS refused: {why}")
-    return None
-
-
-def sync_tls_refusal(client: Any, exc: BaseException, url: str) -> TLSRefused | None:
-    """:func:`tls_refusal` with the settings of ``client``, for the synchronous face."""
-    return tls_refusal(connection_settings(client), exc, url)
-
-
-async def async_tls_refusal(client: Any, exc: BaseException, url: str) -> TLSRefused | None:
-    """:func:`tls_refusal` with the settings of ``client``, in a thread, for the asyncio face."""
-    return await to_thread(tls_refusal, connection_settings(client), exc, url)
 
 
 def bounded(options: RedisOptions, call_timeout: float | None) -> RedisOptions:

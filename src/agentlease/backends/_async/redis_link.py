@@ -39,8 +39,9 @@ from typing import Any
 
 from redis import exceptions as rx
 
-from agentlease.backends import _redis_url
+from agentlease.backends import _redis_tls, _redis_url
 from agentlease.backends.lua import SCRIPTS
+from agentlease.errors import BackendError, BackendUnavailable
 
 __all__ = ["Call", "Client", "RedisLink"]
 
@@ -65,7 +66,7 @@ Client = _redis_url.redis_asyncio.Redis | _redis_url.redis_asyncio.RedisCluster
 
 def _repeatable(exc: Exception, retry: bool, tls: bool = False) -> bool:
     """Whether a call that raised ``exc`` may be sent again (never after a TLS refusal)."""
-    if isinstance(exc, _FATAL) or _redis_url.tls_reason(exc, tls=tls) is not None:
+    if isinstance(exc, _FATAL) or _redis_tls.tls_reason(exc, tls=tls) is not None:
         return False
     if isinstance(exc, _REFUSED) or str(exc).startswith(_redis_url.REFUSED_REPLIES):
         return True
@@ -172,12 +173,12 @@ class RedisLink:
             except _ERRORS as again:
                 exc = again
 
-    async def _refusal(self, exc: Exception) -> _redis_url.BackendError:
+    async def _refusal(self, exc: Exception) -> BackendError:
         """The agentlease error for ``exc``; on a TLS connection that broke as one the server
-        refused would, the server is asked why (see :func:`_redis_url.tls_refusal`)."""
+        refused would, the server is asked why (see :func:`_redis_tls.tls_refusal`)."""
         error = _redis_url.translate(self.url, exc)
-        if isinstance(error, _redis_url.BackendUnavailable):
-            refused = await _redis_url.async_tls_refusal(self.client, exc, self.url)
+        if isinstance(error, BackendUnavailable):
+            refused = await _redis_tls.async_tls_refusal(self.client, exc, self.url)
             if refused is not None:
                 return refused
         return error
