@@ -10,9 +10,10 @@ client certificate naming the role (``clientcert=verify-full``) for the role
 
 Covered, on the sync and asyncio faces: a queue's enqueue, claim and complete over ``rediss://``
 with the CA verified, with mutual TLS, and on a cluster; PostgreSQL with
-``sslmode=verify-full``; a wrong CA, a wrong host name and a missing client certificate refused
-at once with :class:`~agentlease.errors.TLSRefused` (permanent, a ``BackendRefused``) whose
-message says why and shows no password; a worker process and the demo end to end over TLS on
+``sslmode=verify-full``; a wrong CA, a wrong host name, a missing client certificate, one from
+another CA and TLS files that cannot be used refused at once with
+:class:`~agentlease.errors.TLSRefused` (permanent, a ``BackendRefused``) whose message says why
+and shows no password; a worker process and the demo end to end over TLS on
 both stores, and a worker given a refused URL exits with status 2 and the reason.
 """
 
