@@ -42,6 +42,7 @@ RENAMES = {
     "AsyncConnectionPool": "ConnectionPool",
     "AsyncNullConnectionPool": "NullConnectionPool",
     "async_sleep": "sync_sleep",
+    "async_tls_refusal": "sync_tls_refusal",
     "async_lock": "sync_lock",
     # Idempotent actions.
     "AsyncIdempotency": "Idempotency",

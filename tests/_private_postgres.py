@@ -7,6 +7,12 @@ it owns, on a free port on 127.0.0.1, with trust authentication for everyone exc
 makes it fast and unsafe against a machine crash only; ``synchronous_commit`` stays on, so a
 commit survives the server being killed (``pg_ctl stop -m immediate``), as in production.
 :meth:`PrivatePostgres.stop` removes everything, and is safe to call twice.
+
+``start(hba=..., conf=..., files=...)`` serves other needs (TLS): ``files`` are copied into the
+data directory, owned by the server's user with mode 0600 (as PostgreSQL wants a key file),
+``conf`` lines are appended to ``postgresql.conf`` and ``hba`` replaces the ``pg_hba.conf``
+above. :meth:`PrivatePostgres.sql` goes through the server's Unix socket (``local`` lines), so
+it works whatever ``hba`` says about TCP.
 """
 
 from __future__ import annotations
@@ -124,7 +130,14 @@ class PrivatePostgres:
         """Run one statement as the superuser (autocommit)."""
         import psycopg
 
-        with psycopg.connect(self.url(database), autocommit=True, connect_timeout=10) as conn:
+        with psycopg.connect(
+            dbname=database,
+            user="postgres",
+            host=str(self.root),
+            port=self.port,
+            autocommit=True,
+            connect_timeout=10,
+        ) as conn:
             conn.execute(statement.encode())
 
     def stop(self) -> None:
@@ -137,8 +150,17 @@ class PrivatePostgres:
             shutil.rmtree(self.root, ignore_errors=True)
 
 
-def start() -> PrivatePostgres:
+def start(
+    *, hba: str = HBA, conf: tuple[str, ...] = (), files: dict[str, Path] | None = None
+) -> PrivatePostgres:
     """Create, configure and start a private server; the caller must stop it.
+
+    Args:
+        hba: the whole ``pg_hba.conf`` (it must keep a ``local ... trust`` line for
+            :meth:`PrivatePostgres.sql`).
+        conf: lines appended to ``postgresql.conf`` (``ssl = on``, ...).
+        files: name -> source path, copied into the data directory, owned by the server's user
+            and mode 0600 (refer to them from ``conf`` by name).
 
     Raises:
         CannotStart: PostgreSQL is not installed, or the server did not come up.
@@ -166,10 +188,20 @@ def start() -> PrivatePostgres:
         )
         if done.returncode != 0:
             raise CannotStart(f"initdb failed: {done.stderr.strip()}")
-        hba = server.data / "pg_hba.conf"
-        hba.write_text(HBA)
+        hba_file = server.data / "pg_hba.conf"
+        hba_file.write_text(hba)
+        written = [hba_file]
+        for name, source in (files or {}).items():
+            target = server.data / name
+            shutil.copyfile(source, target)
+            target.chmod(0o600)
+            written.append(target)
+        if conf:
+            with (server.data / "postgresql.conf").open("a") as config:
+                config.write("\n".join(conf) + "\n")
         if os.geteuid() == 0:
-            os.chown(hba, entry.pw_uid, entry.pw_gid)
+            for path in written:
+                os.chown(path, entry.pw_uid, entry.pw_gid)
         server.start()
         server.sql(f"CREATE ROLE {PASSWORD_ROLE} LOGIN PASSWORD '{PASSWORD}'")
         server.sql(f"GRANT ALL ON DATABASE postgres TO {PASSWORD_ROLE}")

@@ -3,6 +3,11 @@
 Each server runs from the installed ``redis-server`` binary on a free port, in a directory of its
 own, and can be killed and started again on the same directory and port (what a crash and a
 restart look like to clients).
+
+With ``tls`` (redis-server's ``tls-*`` settings) a server listens for TLS only, on its port
+(``--port 0 --tls-port <port>``), and is checked for readiness over TLS (its host name not
+checked); when it requires client certificates (``tls-auth-clients yes``, the default), with
+``tls-client-cert-file`` or else its own certificate, which must then allow client use.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import redis
 
@@ -52,11 +58,14 @@ class PrivateRedis:
         directory: its working directory (data files, log).
         port: the port it listens on, kept across restarts.
         options: extra ``--name value`` settings (``appendonly``, ``requirepass``, ...).
+        tls: ``tls-*`` settings (``tls-cert-file``, ``tls-key-file``, ``tls-ca-cert-file``,
+            ``tls-auth-clients``, ...); if given, the server speaks TLS only, on ``port``.
     """
 
     directory: Path
     port: int = 0
     options: dict[str, str] = field(default_factory=dict)
+    tls: dict[str, str] | None = None
     process: subprocess.Popen[bytes] | None = None
 
     def __post_init__(self) -> None:
@@ -70,6 +79,21 @@ class PrivateRedis:
     def url(self) -> str:
         """``redis://127.0.0.1:<port>/0``."""
         return f"redis://127.0.0.1:{self.port}/0"
+
+    def client_tls(self) -> dict[str, Any]:
+        """redis-py keyword arguments that reach this server (none without ``tls``)."""
+        if self.tls is None:
+            return {}
+        kwargs: dict[str, Any] = {
+            "ssl": True,
+            "ssl_ca_certs": self.tls.get("tls-ca-cert-file"),
+            "ssl_check_hostname": False,  # its certificate may name another host, on purpose
+        }
+        if self.tls.get("tls-auth-clients", "yes") == "yes":
+            client = "tls-client-cert-file" in self.tls
+            kwargs["ssl_certfile"] = self.tls["tls-client-cert-file" if client else "tls-cert-file"]
+            kwargs["ssl_keyfile"] = self.tls["tls-client-key-file" if client else "tls-key-file"]
+        return kwargs
 
     @property
     def log(self) -> Path:
@@ -93,6 +117,10 @@ class PrivateRedis:
             "--daemonize",
             "no",
         ]
+        if self.tls is not None:
+            args[2:3] = ["0", "--tls-port", str(self.port)]
+            for name, value in self.tls.items():
+                args += [f"--{name}", value]
         for name, value in self.options.items():
             args += [f"--{name}", value]
         self.process = subprocess.Popen(
@@ -103,7 +131,9 @@ class PrivateRedis:
         while True:
             if self.process.poll() is not None:
                 raise CannotStart(f"redis-server exited at start: {self._tail()}")
-            client = redis.Redis(port=self.port, password=password, socket_timeout=1)
+            client = redis.Redis(
+                port=self.port, password=password, socket_timeout=1, **self.client_tls()
+            )
             try:
                 if client.ping():
                     return self

@@ -3,6 +3,8 @@
 ``start()`` runs three ``redis-server`` processes with ``cluster-enabled yes`` on free ports in a
 temporary directory, joins them with ``redis-cli --cluster create`` (no replicas), waits until
 every node reports ``cluster_state:ok``, and returns a handle with the URL and ``stop()``.
+With ``tls`` (``tls-*`` settings, as for :class:`PrivateRedis`) the nodes speak TLS only, on the
+client port and on the cluster bus (``tls-cluster yes``).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import redis
 
@@ -40,8 +43,8 @@ class Cluster:
         self.directory.cleanup()
 
 
-def _state_ok(port: int) -> bool:
-    client = redis.Redis(port=port, socket_timeout=1)
+def _state_ok(node: PrivateRedis) -> bool:
+    client = redis.Redis(port=node.port, socket_timeout=1, **node.client_tls())
     try:
         info = client.execute_command("CLUSTER INFO")
     except redis.RedisError:
@@ -55,10 +58,14 @@ def _state_ok(port: int) -> bool:
 
 
 def start(
-    masters: int = 3, timeout: float = 30.0, options: dict[str, str] | None = None
+    masters: int = 3,
+    timeout: float = 30.0,
+    options: dict[str, str] | None = None,
+    tls: dict[str, str] | None = None,
 ) -> Cluster:
     """Start a cluster of ``masters`` nodes, each with ``options`` (``--name value`` settings)
-    over the defaults; raises :class:`CannotStart` if it cannot."""
+    over the defaults and, with ``tls``, speaking TLS only; raises :class:`CannotStart` if it
+    cannot."""
     for binary in ("redis-server", "redis-cli"):
         if shutil.which(binary) is None:
             raise CannotStart(f"{binary} is not installed")
@@ -75,6 +82,7 @@ def start(
                     "appendonly": "no",
                     **(options or {}),
                 },
+                tls=None if tls is None else {"tls-cluster": "yes", **tls},
             )
             nodes.append(node.start())
         created = subprocess.run(
@@ -86,6 +94,7 @@ def start(
                 "--cluster-replicas",
                 "0",
                 "--cluster-yes",
+                *_cli_tls(tls),
             ],
             capture_output=True,
             text=True,
@@ -95,7 +104,7 @@ def start(
         if created.returncode != 0:
             raise CannotStart(f"redis-cli --cluster create failed: {created.stdout[-500:]}")
         deadline = time.monotonic() + timeout
-        while not all(_state_ok(n.port) for n in nodes):
+        while not all(_state_ok(n) for n in nodes):
             if time.monotonic() > deadline:
                 raise CannotStart(f"cluster not ok within {timeout}s")
             time.sleep(0.05)
@@ -105,3 +114,15 @@ def start(
         directory.cleanup()
         raise
     return Cluster(nodes, directory)
+
+
+def _cli_tls(tls: dict[str, str] | None) -> list[str]:
+    """redis-cli's arguments to reach nodes started with ``tls``."""
+    if tls is None:
+        return []
+    args: dict[str, Any] = {
+        "--cacert": tls.get("tls-ca-cert-file"),
+        "--cert": tls.get("tls-cert-file"),
+        "--key": tls.get("tls-key-file"),
+    }
+    return ["--tls", *(part for name, value in args.items() if value for part in (name, value))]

@@ -32,10 +32,10 @@ rest of the grace period and ends the run within about a second. Every signal is
 Store errors: an unreachable store (:class:`~agentlease.errors.BackendUnavailable`), or any other
 failure of a claim, is logged (rate-limited, with the URL without its password) while the worker
 backs off with jitter and tries again. A store that refuses the worker for good
-(:class:`~agentlease.errors.BackendRefused`: authentication, permission, a missing or newer
-schema) ends the run with that error at once, whether it refused a claim or a job's final
-write. In burst mode a store unreachable for longer than a
-lease ends the run with the last error.
+(:class:`~agentlease.errors.BackendRefused`: authentication, permission, TLS, a missing or
+newer schema) ends the run with that error at once, whether it refused a claim or a job's final
+write. In burst mode a store unreachable for longer than a lease ends the run with the last
+error.
 """
 
 from __future__ import annotations
@@ -169,8 +169,8 @@ class AsyncWorker:
             How many jobs this run finished (completed, failed or lost).
 
         Raises:
-            BackendRefused: the store refused the worker for good (authentication, permission, a
-                missing or newer schema); running handlers were cancelled first.
+            BackendRefused: the store refused the worker for good (authentication, permission,
+                TLS, a missing or newer schema); running handlers were cancelled first.
             BackendError: in burst mode, the store failed every claim for a whole lease.
         """
         self._loop = asyncio.get_running_loop()

@@ -35,6 +35,7 @@ Every refusal is one of these classes, so callers can catch exactly what they me
     │   ├── BackendRefused                      refuses this client as configured (permanent)
     │   │   ├── AuthenticationFailed            wrong user or password, or no such user
     │   │   ├── PermissionDenied                the user may not run what agentlease needs
+    │   │   ├── TLSRefused                      TLS failed: certificate, host name, client cert
     │   │   ├── SchemaNotMigrated               no agentlease tables (or old ones), migrate=false
     │   │   └── SchemaTooNew                    written by a newer agentlease (both versions)
     │   └── MissingDriver                       the backend's optional extra is not installed
@@ -85,6 +86,7 @@ __all__ = [
     "ReservationLost",
     "SchemaNotMigrated",
     "SchemaTooNew",
+    "TLSRefused",
     "TransitionRefused",
     "UnknownQueue",
     "UnknownTask",
@@ -413,6 +415,11 @@ class AuthenticationFailed(BackendRefused):
 
 class PermissionDenied(BackendRefused):
     """The store's user may not run what agentlease needs (a Redis ACL, a missing privilege)."""
+
+
+class TLSRefused(BackendRefused):
+    """The TLS handshake failed for good: the server's certificate could not be verified or does
+    not name the host, or the server requires (or refused) the client's certificate."""
 
 
 class SchemaNotMigrated(BackendRefused):

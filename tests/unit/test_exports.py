@@ -67,6 +67,7 @@ PUBLIC = {
     "PermissionDenied",
     "SchemaNotMigrated",
     "SchemaTooNew",
+    "TLSRefused",
     "Cancelled",
     "Enqueued",
     "Event",

@@ -19,6 +19,7 @@ from agentlease.errors import (  # noqa: E402
     BackendUnavailable,
     PermissionDenied,
     SchemaNotMigrated,
+    TLSRefused,
 )
 
 SETTINGS = parse("postgresql://app:s3cret@db.example:5432/tasks?schema=agents")
@@ -54,6 +55,38 @@ def test_connection_failures(message: str, kind: type[BackendError]) -> None:
     assert type(translated) is kind
     assert "s3cret" not in str(translated)
     assert "postgresql://app:***@db.example:5432/tasks" in str(translated)
+
+
+FAILED = 'connection failed: connection to server at "10.0.0.5", port 5432 failed: '
+
+
+@pytest.mark.parametrize(
+    ("message", "words"),
+    [
+        (FAILED + "SSL error: certificate verify failed", "could not be verified"),
+        (
+            FAILED + 'server certificate for "db.internal" does not match host name "db.example"',
+            "host name does not match",
+        ),
+        (AT + "connection requires a valid client certificate", "requires a client certificate"),
+        (FAILED + "SSL error: tlsv1 alert unknown ca", "does not trust the client certificate"),
+        (
+            FAILED + 'root certificate file "/etc/ca.crt" does not exist',
+            "sslrootcert) cannot be read",
+        ),
+        (FAILED + "server does not support SSL, but SSL was required", "does not offer TLS"),
+    ],
+)
+def test_tls_failures_are_permanent_and_say_why(message: str, words: str) -> None:
+    translated = translate(SETTINGS, psycopg.OperationalError(message))
+    assert type(translated) is TLSRefused
+    assert words in str(translated)
+    assert "s3cret" not in str(translated)
+
+
+def test_a_broken_tls_connection_stays_transient() -> None:
+    message = FAILED + "SSL SYSCALL error: EOF detected"
+    assert type(translate(SETTINGS, psycopg.OperationalError(message))) is BackendUnavailable
 
 
 E = psycopg.errors

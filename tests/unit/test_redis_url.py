@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import ssl
 
 import pytest
 from redis import exceptions as rx
@@ -15,6 +16,7 @@ from agentlease.errors import (
     BackendUnavailable,
     InvalidURL,
     PermissionDenied,
+    TLSRefused,
 )
 
 
@@ -189,3 +191,77 @@ def test_the_options_repr_never_shows_the_password(url: str) -> None:
     assert options.password == "s3cret-pw"  # kept for connecting
     assert "s3cret-pw" not in repr(options)
     assert "s3cret-pw" not in options.url
+
+
+def _wrapped(cause: BaseException) -> rx.ConnectionError:
+    """A redis-py ConnectionError raised while handling ``cause``, as redis-py raises them."""
+    try:
+        raise cause
+    except BaseException as inner:
+        try:
+            raise rx.ConnectionError(f"Error 1 connecting to h:6380. {inner}.") from inner
+        except rx.ConnectionError as outer:
+            return outer
+
+
+def _verify_error(code: int, message: str) -> ssl.SSLCertVerificationError:
+    error = ssl.SSLCertVerificationError(1, f"certificate verify failed: {message}")
+    error.verify_code = code
+    error.verify_message = message
+    return error
+
+
+def _ssl_error(library: str, reason: str) -> ssl.SSLError:
+    error = ssl.SSLError(1, f"[{library}: {reason}]")
+    error.library = library
+    error.reason = reason
+    return error
+
+
+@pytest.mark.parametrize(
+    ("cause", "url", "words"),
+    [
+        (
+            _verify_error(20, "unable to get local issuer certificate"),
+            "rediss://h:6380/0",
+            "certificate could not be verified (unable to get local issuer certificate)",
+        ),
+        (
+            _verify_error(62, "Hostname mismatch, certificate is not valid for 'h'."),
+            "rediss://h:6380/0",
+            "host name does not match",
+        ),
+        (
+            _ssl_error("SSL", "TLSV13_ALERT_CERTIFICATE_REQUIRED"),
+            "rediss://h:6380/0",
+            "requires a client certificate",
+        ),
+        (
+            _ssl_error("SSL", "TLSV1_ALERT_UNKNOWN_CA"),
+            "rediss://h:6380/0",
+            "refused the TLS handshake (tlsv1 alert unknown ca)",
+        ),
+        (
+            _ssl_error("X509", "KEY_VALUES_MISMATCH"),
+            "rediss://h:6380/0",
+            "cannot be used: key values mismatch",
+        ),
+        (FileNotFoundError(2, "No such file or directory"), "rediss://h:6380/0", "cannot be read"),
+    ],
+)
+def test_tls_failures_are_permanent_and_say_why(cause: BaseException, url: str, words: str) -> None:
+    translated = translate(url, _wrapped(cause))
+    assert type(translated) is TLSRefused
+    assert words in str(translated)
+
+
+@pytest.mark.parametrize(
+    "cause",
+    [
+        ssl.SSLEOFError(8, "EOF occurred in violation of protocol"),  # ambiguous: probed instead
+        ConnectionResetError(104, "Connection reset by peer"),
+        FileNotFoundError(2, "No such file or directory"),  # not a TLS file on redis://
+    ],
+)
+def test_other_connection_failures_stay_transient(cause: BaseException) -> None:
+    assert type(translate("redis://h:6379/0", _wrapped(cause))) is BackendUnavailable

@@ -43,6 +43,7 @@ from agentlease.errors import (
     BackendUnavailable,
     PermissionDenied,
     SchemaNotMigrated,
+    TLSRefused,
 )
 
 if TYPE_CHECKING:
@@ -223,6 +224,30 @@ _LOGIN_REFUSED = (
     "is not permitted to log in",
     'authentication method requirement "',  # libpq's require_auth
 )
+# libpq's words (and the server's, for a client certificate hba requires) for a TLS setup that
+# fails the same way every time, each with what it means for the user.
+_TLS_REFUSED = (
+    ("certificate verify failed", "the server's certificate could not be verified"),
+    ("does not match host name", "the host name does not match the server's certificate"),
+    ("connection requires a valid client certificate", "the server requires a client certificate"),
+    ("certificate authentication failed for user", "the server refused the client certificate"),
+    ("alert certificate required", "the server requires a client certificate"),
+    ("alert unknown ca", "the server does not trust the client certificate's CA"),
+    ("alert bad certificate", "the server refused the client certificate"),
+    ("alert certificate unknown", "the server refused the client certificate"),
+    ("server does not support SSL", "the server does not offer TLS, which sslmode requires"),
+    ("root certificate file", "the CA file (sslrootcert) cannot be read"),
+    ("could not open certificate file", "the client certificate (sslcert) cannot be read"),
+    ("could not load private key file", "the client key (sslkey) cannot be read"),
+    ("private key file", "the client key (sslkey) cannot be used"),
+)
+_TLS_HINTS = {
+    "the server's certificate could not be verified": "sslrootcert must name the CA that signed it",
+    "the host name does not match the server's certificate": (
+        "connect by a name or address the certificate lists"
+    ),
+    "the server requires a client certificate": "give sslcert and sslkey",
+}
 _ROLE_MISSING = re.compile(r'role ".*" does not exist')
 _DATABASE_MISSING = re.compile(r'database ".*" does not exist')
 
@@ -236,6 +261,8 @@ def translate(
     Connection failures, timeouts, shutdowns, a closed pool and a read-only server (a standby,
     a failover under way) are :class:`BackendUnavailable` (transient). What retrying cannot fix
     is a :class:`BackendRefused` (permanent): a refused login (:class:`AuthenticationFailed`), a
+    failed TLS setup (:class:`TLSRefused`: the server's certificate not verified or not naming
+    the host, a client certificate required or refused, a TLS file that cannot be read), a
     missing privilege (:class:`PermissionDenied`), a missing database, and a schema without the
     agentlease tables (:class:`SchemaNotMigrated`, whose message says how to fix it).
     A missing privilege's message names the privilege and the object agentlease needs (the
@@ -275,6 +302,12 @@ def _refused_login(where: str, exc: psycopg.Error, detail: str) -> BackendRefuse
         return BackendRefused(f"{where}: no such database: {detail}")
     if not isinstance(exc, psycopg.OperationalError) or exc.sqlstate is not None:
         return None
+    for words, why in _TLS_REFUSED:
+        if words in detail:
+            hint = _TLS_HINTS.get(why)
+            return TLSRefused(
+                f"{where}: TLS refused: {why}" + (f" ({hint})" if hint else "") + f": {detail}"
+            )
     if any(words in detail for words in _LOGIN_REFUSED) or _ROLE_MISSING.search(detail):
         return AuthenticationFailed(f"{where}: authentication failed: {detail}")
     if "permission denied for database" in detail:

@@ -23,9 +23,13 @@ ssl_check_hostname  ``0`` to skip the host name check (rediss only)
 Opening does no I/O (except for a cluster's synchronous client, which reads the slot map): a
 wrong password or an unreachable host surface at the first call, within the connect timeout: an
 unreachable host as :class:`~agentlease.errors.BackendUnavailable` (transient), a refused login
-as :class:`~agentlease.errors.AuthenticationFailed` and a command the user's ACL forbids as
-:class:`~agentlease.errors.PermissionDenied` (both :class:`~agentlease.errors.BackendRefused`:
-permanent, retrying cannot help).
+as :class:`~agentlease.errors.AuthenticationFailed`, a command the user's ACL forbids as
+:class:`~agentlease.errors.PermissionDenied` and a failed TLS handshake (a server certificate
+that the CA of ``ssl_ca_certs`` did not sign or that does not name the host, a server that
+requires a client certificate or refuses the one given) as :class:`~agentlease.errors.TLSRefused`
+(all three :class:`~agentlease.errors.BackendRefused`: permanent, retrying cannot help).
+
+How a TLS failure is told from an outage is :mod:`agentlease.backends._redis_tls`'s part.
 
 Every driver error reaches the caller through :func:`translate`, the one place where redis-py's
 exceptions become agentlease's (the driver's exception is kept as ``__cause__``).
@@ -51,6 +55,7 @@ import redis.asyncio as redis_asyncio
 from redis import exceptions as rx
 
 from agentlease._redact import misplaced_at, redact_url, unreadable
+from agentlease.backends._redis_tls import tls_reason
 from agentlease.backends.base import AsyncBackend as AsyncFace
 from agentlease.backends.base import Backend as SyncFace
 from agentlease.errors import (
@@ -59,6 +64,7 @@ from agentlease.errors import (
     BackendUnavailable,
     InvalidURL,
     PermissionDenied,
+    TLSRefused,
 )
 
 __all__ = [
@@ -412,6 +418,9 @@ def translate(url: str, exc: Exception) -> BackendError:
     Raise the result ``from exc`` so that the driver's exception stays the ``__cause__``.
     """
     message = str(exc) or type(exc).__name__
+    why = tls_reason(exc, tls=url.startswith("rediss:"))
+    if why is not None:  # permanent: the same handshake fails the same way
+        return TLSRefused(f"Redis at {url}: TLS refused: {why}")
     # A cluster client that could reach no node says why in the error it chains (a refused login).
     cause = exc.__cause__ if isinstance(exc, rx.RedisClusterException) else exc
     if isinstance(cause, rx.RedisClusterException) and isinstance(

@@ -161,8 +161,8 @@ def worker(
     expires and is reaped as after a crash.
 
     An unreachable store is logged and retried with backoff; a store that refuses the worker
-    for good (authentication, permission, a missing or newer schema) ends it with status 2, and
-    so does, with --burst, a store unreachable for a whole lease.
+    for good (authentication, permission, TLS, a missing or newer schema) ends it with status 2,
+    and so does, with --burst, a store unreachable for a whole lease.
     """
     handler = load_handler(handler_spec)
     settings = WorkerSettings(

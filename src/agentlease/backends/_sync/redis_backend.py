@@ -50,7 +50,7 @@ from agentlease._records import (
     Reaped,
     Task,
 )
-from agentlease.backends import _redis_url
+from agentlease.backends import _redis_tls, _redis_url
 from agentlease.backends._sync.redis_keys import RedisKeys
 from agentlease.backends._sync.redis_layout import CheckedLink
 from agentlease.backends._sync.redis_link import Call, Client
@@ -104,7 +104,8 @@ class RedisBackend(RedisKeys, RedisState):
                 else _redis_url.redis_sync.Redis(retry=retry, **options.client_kwargs())
             )
         except _redis_url.DRIVER_ERRORS as exc:  # a cluster client reads the slot map at once
-            raise _redis_url.translate(self.url, exc) from exc
+            refused = _redis_tls.tls_refusal(options.client_kwargs(), exc, self.url)
+            raise (refused or _redis_url.translate(self.url, exc)) from exc
         self._link = CheckedLink(client, self.url, options.prefix)
 
     # -- helpers -------------------------------------------------------------------------------

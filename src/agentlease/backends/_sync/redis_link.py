@@ -41,8 +41,9 @@ from typing import Any
 
 from redis import exceptions as rx
 
-from agentlease.backends import _redis_url
+from agentlease.backends import _redis_tls, _redis_url
 from agentlease.backends.lua import SCRIPTS
+from agentlease.errors import BackendError, BackendUnavailable
 
 __all__ = ["Call", "Client", "RedisLink"]
 
@@ -65,9 +66,9 @@ _PACK = _redis_url.PACK
 Client = _redis_url.redis_sync.Redis | _redis_url.redis_sync.RedisCluster
 
 
-def _repeatable(exc: Exception, retry: bool) -> bool:
-    """Whether a call that raised ``exc`` may be sent again."""
-    if isinstance(exc, _FATAL):
+def _repeatable(exc: Exception, retry: bool, tls: bool = False) -> bool:
+    """Whether a call that raised ``exc`` may be sent again (never after a TLS refusal)."""
+    if isinstance(exc, _FATAL) or _redis_tls.tls_reason(exc, tls=tls) is not None:
         return False
     if isinstance(exc, _REFUSED) or str(exc).startswith(_redis_url.REFUSED_REPLIES):
         return True
@@ -165,14 +166,24 @@ class RedisLink:
                 send, whole = whole, None
             else:
                 late = time.monotonic() - started + pause > RETRY_WINDOW
-                if late or not _repeatable(exc, retry):
-                    raise _redis_url.translate(self.url, exc) from exc
+                if late or not _repeatable(exc, retry, self.url.startswith("rediss:")):
+                    raise self._refusal(exc) from exc
                 _redis_url.sync_sleep(pause)
                 pause *= 2
             try:
                 return send()
             except _ERRORS as again:
                 exc = again
+
+    def _refusal(self, exc: Exception) -> BackendError:
+        """The agentlease error for ``exc``; on a TLS connection that broke as one the server
+        refused would, the server is asked why (see :func:`_redis_tls.tls_refusal`)."""
+        error = _redis_url.translate(self.url, exc)
+        if isinstance(error, BackendUnavailable):
+            refused = _redis_tls.sync_tls_refusal(self.client, exc, self.url)
+            if refused is not None:
+                return refused
+        return error
 
     def _pipeline(self, calls: Sequence[Call]) -> list[Any]:
         results: list[Any] = [None] * len(calls)
