@@ -12,3 +12,9 @@ def ok(ctx: al.JobContext) -> al.JSON:
 
 def boom(ctx: al.JobContext) -> al.JSON:
     raise RuntimeError(f"handler failed on {ctx.task_id}")
+
+
+def slow(ctx: al.JobContext) -> al.JSON:
+    """Long enough that a rollover happens while the task is leased."""
+    ctx.wait(0.8)
+    return {"done": ctx.task_id, "pid": __import__("os").getpid()}
