@@ -59,27 +59,31 @@ def with_option(url: str, key: str, value: str) -> str:
 
 def drop_redis_prefix(url: str, prefix: str) -> None:
     """Delete every key of one test's prefix (on every node of a cluster)."""
+    for client in redis_primaries(url):
+        _drop_keys(client, prefix)
+
+
+def redis_primaries(url: str) -> list[Any]:
+    """One plain client per primary of the server or cluster of ``url`` (the caller closes
+    them): the cluster client's scan_iter(target_nodes=...) leaves a socket open (a
+    ResourceWarning that fails the session when it is collected)."""
     import redis
     from redis.cluster import RedisCluster
 
     base = url.split("?", 1)[0]
-    if "cluster=1" in url:
-        # One plain client per primary: the cluster client's scan_iter(target_nodes=...) leaves
-        # a socket open (a ResourceWarning that fails the session when it is collected).
-        cluster = RedisCluster.from_url(base)
-        try:
-            nodes = [(n.host, n.port) for n in cluster.get_primaries()]
-        finally:
-            # RedisCluster.close() hands node connections back to their pools without closing
-            # them: close the sockets now, not at some later garbage collection (a warning).
-            for node in cluster.get_nodes():
-                if node.redis_connection is not None:
-                    node.redis_connection.connection_pool.disconnect()
-            cluster.close()
-        for host, port in nodes:
-            _drop_keys(redis.Redis(host=host, port=port), prefix)
-    else:
-        _drop_keys(redis.Redis.from_url(base), prefix)
+    if "cluster=1" not in url:
+        return [redis.Redis.from_url(base)]
+    cluster = RedisCluster.from_url(base)
+    try:
+        nodes = [(n.host, n.port) for n in cluster.get_primaries()]
+    finally:
+        # RedisCluster.close() hands node connections back to their pools without closing
+        # them: close the sockets now, not at some later garbage collection (a warning).
+        for node in cluster.get_nodes():
+            if node.redis_connection is not None:
+                node.redis_connection.connection_pool.disconnect()
+        cluster.close()
+    return [redis.Redis(host=host, port=port) for host, port in nodes]
 
 
 def _drop_keys(client: Any, prefix: str) -> None:

@@ -129,27 +129,8 @@ def test_a_lock_held_in_one_namespace_is_free_in_the_other(pair: Pair) -> None:
 
 
 def _redis_keys(url: str) -> set[str]:
-    import redis
-    from redis.cluster import RedisCluster
-
-    base = url.split("?", 1)[0]
-    if "cluster=1" not in url:
-        client = redis.Redis.from_url(base)
-        try:
-            return {k.decode() for k in client.scan_iter(count=1000)}
-        finally:
-            client.close()
-    cluster = RedisCluster.from_url(base)
-    try:
-        nodes = [(n.host, n.port) for n in cluster.get_primaries()]
-    finally:
-        for node in cluster.get_nodes():
-            if node.redis_connection is not None:
-                node.redis_connection.connection_pool.disconnect()
-        cluster.close()
     found: set[str] = set()
-    for host, port in nodes:
-        client = redis.Redis(host=host, port=port)
+    for client in _services.redis_primaries(url):
         try:
             found |= {k.decode() for k in client.scan_iter(count=1000)}
         finally:
