@@ -7,7 +7,19 @@ import re
 
 from agentlease.errors import InvalidDuration, InvalidInput, InvalidName
 
-__all__ = ["batch_size", "duration", "optional_duration", "queue_name", "task_id"]
+__all__ = [
+    "EXACT_INT",
+    "batch_size",
+    "duration",
+    "optional_duration",
+    "queue_name",
+    "task_id",
+]
+
+# The largest integer every store compares exactly: Redis's Lua scripts hold numbers as doubles,
+# which are exact integers only up to 2**53. Counter amounts, limits and values, versions and
+# fencing tokens stay within +-EXACT_INT on every backend, so that all of them behave alike.
+EXACT_INT = 2**53 - 1
 
 # Queue names become parts of Redis keys and SQL values; braces, spaces and control characters are
 # kept out so that hash tags and key patterns cannot be forged from a name.
