@@ -5,12 +5,14 @@ from __future__ import annotations
 import math
 import re
 
+from agentlease._records import Lease
 from agentlease.errors import InvalidDuration, InvalidInput, InvalidName
 
 __all__ = [
     "EXACT_INT",
     "batch_size",
     "duration",
+    "lease",
     "optional_duration",
     "queue_name",
     "task_id",
@@ -25,6 +27,7 @@ EXACT_INT = 2**53 - 1
 # kept out so that hash tags and key patterns cannot be forged from a name.
 _QUEUE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:-]{0,127}")
 _TASK_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:@/+=-]{0,199}")
+_TOKEN = re.compile(r"[A-Za-z0-9_-]{1,128}")
 
 
 def queue_name(name: object) -> str:
@@ -52,12 +55,20 @@ def task_id(value: object) -> str:
 
 def duration(value: object, what: str) -> float:
     """Return ``value`` as seconds if it is a positive finite number."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InvalidDuration(f"{what} must be a number of seconds, not {type(value).__name__}")
-    seconds = float(value)
+    seconds = _seconds(value, what)
     if not math.isfinite(seconds) or seconds <= 0:
         raise InvalidDuration(f"{what} must be a positive finite number of seconds, not {value!r}")
     return seconds
+
+
+def _seconds(value: object, what: str) -> float:
+    """``value`` as a float of seconds (an int past the float range is infinite)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidDuration(f"{what} must be a number of seconds, not {type(value).__name__}")
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf
 
 
 def optional_duration(value: object, what: str) -> float | None:
@@ -67,9 +78,7 @@ def optional_duration(value: object, what: str) -> float | None:
 
 def non_negative(value: object, what: str) -> float:
     """Return ``value`` as seconds if it is a finite number >= 0."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InvalidDuration(f"{what} must be a number of seconds, not {type(value).__name__}")
-    seconds = float(value)
+    seconds = _seconds(value, what)
     if not math.isfinite(seconds) or seconds < 0:
         raise InvalidDuration(f"{what} must be a finite number of seconds >= 0, not {value!r}")
     return seconds
@@ -99,3 +108,27 @@ def partition(value: object) -> str:
         return task_id(value)
     except InvalidName as exc:
         raise InvalidName(str(exc).replace("task id", "partition key")) from None
+
+
+def lease(value: object) -> Lease:
+    """Return ``value`` if it is a :class:`Lease` whose fields could have come from a claim.
+
+    A lease made by hand with a field of the wrong type or form is refused here, before any
+    store sees it (a store would only find that it holds nothing, after a round trip, or fail
+    in its driver).
+    """
+    if type(value) is not Lease:
+        raise InvalidInput(f"a lease must be a Lease from claim(), not {type(value).__name__}")
+    try:
+        task_id(value.task_id)
+        queue_name(value.queue)
+    except InvalidName as exc:
+        raise InvalidName(f"lease {exc}") from None
+    if not isinstance(value.token, str) or not _TOKEN.fullmatch(value.token):
+        raise InvalidInput("lease token must be the str a claim returned (1 to 128 of [\\w-])")
+    integer(value.attempt, "lease attempt", low=0, high=EXACT_INT)
+    for what in ("leased_at", "expires_at"):
+        t = getattr(value, what)
+        if isinstance(t, bool) or not isinstance(t, int | float) or not math.isfinite(t):
+            raise InvalidInput(f"lease {what} must be a finite number, not {t!r}")
+    return value

@@ -5,7 +5,8 @@ exactly, and a refusal changes nothing.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import replace
 
 import pytest
 
@@ -90,3 +91,145 @@ def test_holds_at_the_top_of_the_range_are_exact(state: al.SharedState) -> None:
             state.reserve("c", 2, limit=MAX)
         assert state.reserve("c", 1, limit=MAX) == MAX
     assert state.counter("c") == 1
+
+
+# -- values refused above the seam, whatever the store ------------------------------------------
+
+
+def test_durations_past_the_float_range_are_refused() -> None:
+    # float(10**400) raised OverflowError from the duration check itself.
+    queue = al.Queue(al.MemoryBackend())
+    state = al.SharedState(queue.backend)
+    with pytest.raises(al.InvalidDuration, match="lease_for"):
+        queue.claim("q", lease_for=10**400)
+    with pytest.raises(al.InvalidDuration, match="lease_for"):
+        al.QueueSettings(lease_for=-(10**400))
+    with pytest.raises(al.InvalidDuration, match="timeout"):
+        state.locks(["a"], timeout=10**400)
+    with pytest.raises(al.InvalidDuration, match="delay"):
+        queue.enqueue("q", 1, delay=10**400)
+    with pytest.raises(al.UnknownQueue):
+        queue.stats("q")
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "sqlite:////tmp/agentlease-fuzz\x00.db",  # sqlite3 raised ValueError
+        "sqlite:////tmp/agentlease-fuzz\ud800.db",  # and UnicodeEncodeError
+        "redis://127.0.0.1:1/0?prefix=a\x00b",
+        "postgresql://root:se\ud800cret@127.0.0.1:1/test",
+        "memory://\n",
+    ],
+)
+def test_urls_with_characters_no_driver_takes_are_refused(url: str) -> None:
+    for connect in (al.connect, al.connect_async):
+        with pytest.raises(al.InvalidURL, match="position") as caught:
+            connect(url)
+        assert "cret" not in str(caught.value)  # the URL is not quoted back: it may hold a password
+
+
+def test_forged_leases_are_refused_before_the_store(store: Store) -> None:
+    # A lease made by hand reached the stores: attempt=nan broke logging, a list as task id
+    # broke the memory store's dict, a lone surrogate in the token broke the drivers.
+    queue = store.queue()
+    queue.enqueue("q", {"n": 1}, id="t1")
+    (job,) = queue.claim("q", lease_for=60)
+    before = queue.get("t1")
+    forged = [
+        replace(job.lease, attempt=float("nan")),
+        replace(job.lease, attempt=2**64),
+        replace(job.lease, attempt=True),
+        replace(job.lease, task_id=["t1"]),
+        replace(job.lease, task_id="t1\x00"),
+        replace(job.lease, queue="q\ud800"),
+        replace(job.lease, token="\ud800"),
+        replace(job.lease, token=object()),
+        replace(job.lease, token=""),
+        replace(job.lease, expires_at=float("inf")),
+    ]
+    for lease in forged:
+        for call in _holder_writes(queue, lease):
+            with pytest.raises(InvalidInput, match="lease"):
+                call()
+    with pytest.raises(InvalidInput, match="Lease"):
+        queue.complete(("t1", "q"), None)  # type: ignore[arg-type]
+    assert queue.get("t1") == before
+    queue.complete(job.lease, {"done": True})  # the real lease still works
+
+
+def _holder_writes(queue: al.Queue, lease: al.Lease) -> list[Callable[[], object]]:
+    return [
+        lambda: queue.complete(lease, {"done": True}),
+        lambda: queue.fail(lease, "boom", retry_in=None),
+        lambda: queue.progress(lease, 1),
+        lambda: queue.release(lease),
+        lambda: queue.extend([lease]),
+        lambda: queue.complete_many([(lease, None)]),
+    ]
+
+
+def test_idempotency_arguments_are_checked(store: Store) -> None:
+    keys = (
+        al.Idempotency(store.backend())
+        if store.kind == "memory"
+        else al.Idempotency.connect(store.url)
+    )
+    try:
+        # float("x") raised ValueError; orjson raised TypeError on a lone surrogate; a step
+        # that is not a str raised TypeError when the fingerprint cut it.
+        for wait in ("1", float("nan"), float("inf"), -1, 10**400, True):
+            with pytest.raises(al.InvalidDuration, match="wait"):
+                keys.begin("tool", {}, step="s", task_id="t", wait=wait)  # type: ignore[arg-type]
+        with pytest.raises(al.InvalidName, match="tool name"):
+            keys.begin("to\ud800ol", {}, step="s", task_id="t")
+        with pytest.raises(al.InvalidName, match="step id"):
+            keys.begin("tool", {}, step="\udfff", key="k-1")
+        with pytest.raises(al.MissingIdentity, match="step id"):
+            keys.begin("tool", {}, step=0, key="k-1")  # type: ignore[arg-type]
+        with pytest.raises(al.InvalidName, match="task id"):
+            keys.identity("tool", {}, step="s", task_id="\ud800")
+        assert keys.get("k-1") is None
+        assert keys.get(keys.identity("tool", {}, step="s", task_id="t")[0]) is None
+    finally:
+        if store.kind != "memory":
+            keys.close()
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        # The schema's pattern ended in "$", which also matches before a final newline.
+        "postgresql://root@127.0.0.1:1/test?schema=abc%0A",
+        # \d took any Unicode digit as part of a port.
+        "postgresql://root@127.0.0.1:\u0661\u0662/test",
+    ],
+)
+def test_postgres_url_parts_are_matched_whole(url: str) -> None:
+    pytest.importorskip("psycopg", reason="the PostgreSQL URL is parsed once its driver loads")
+    with pytest.raises(al.InvalidURL):
+        al.connect(url)
+
+
+def test_limits_and_lock_names_are_checked(store: Store) -> None:
+    # A limit past 2**63 raised OverflowError from sqlite3; a lone str was locked letter by letter.
+    state = al.SharedState(store.backend())
+    keys = al.Idempotency(store.backend())
+    try:
+        for limit in (2**70, 0, -1, "1", None, 1.0):
+            with pytest.raises(InvalidInput, match="limit"):
+                keys.purge(limit)  # type: ignore[arg-type]
+            with pytest.raises(InvalidInput, match="limit"):
+                state.sweep_locks(limit)  # type: ignore[arg-type]
+        for names in ("abc", b"abc", 7, None):
+            with pytest.raises(InvalidInput, match="iterable"):
+                state.locks(names, timeout=1)  # type: ignore[arg-type]
+            with pytest.raises(InvalidInput, match="iterable"):
+                state.lock_holders(names)  # type: ignore[arg-type]
+            with pytest.raises(InvalidInput, match="iterable"):
+                state.release_locks(names, "me")  # type: ignore[arg-type]
+        assert state.lock_holders(["a", "b", "c", "abc"]) == dict.fromkeys(["a", "b", "c", "abc"])
+    finally:
+        if store.kind != "memory":
+            keys.close()
+            state.close()

@@ -102,6 +102,15 @@ def _amount(value: object, what: str, *, low: int = _FLOOR) -> int:
     return check.integer(value, what, low=low, high=_CEILING)
 
 
+def _lock_names(names: object) -> list[str]:
+    """The lock names of ``names``, an iterable of names (a lone str would be its letters)."""
+    if isinstance(names, str | bytes) or not isinstance(names, Iterable):
+        raise InvalidInput(
+            f"lock names must be an iterable of names (a list), not {type(names).__name__}"
+        )
+    return [_guards.lock_name(n) for n in names]
+
+
 def _versioned(record: StateRecord | None) -> Versioned:
     return Versioned({}, 0) if record is None else Versioned(record.value, record.version)
 
@@ -459,7 +468,7 @@ class AsyncSharedState:
         Raises:
             LockTimeout: (on entering) not acquired within ``timeout``; none is held.
         """
-        wanted = tuple(sorted({_guards.lock_name(n) for n in names}))
+        wanted = tuple(sorted(set(_lock_names(names))))
         if not wanted:
             raise InvalidInput("a lock set needs at least one lock name")
         timeout = check.duration(timeout, "timeout")
@@ -467,7 +476,7 @@ class AsyncSharedState:
 
     async def lock_holders(self, names: Iterable[str]) -> dict[str, str | None]:
         """Each lock's current holder (``None`` if free)."""
-        wanted = [_guards.lock_name(n) for n in names]
+        wanted = _lock_names(names)
         holders = await self.backend.lock_holders(wanted)
         return {n: None if h is None else h[0] for n, h in zip(wanted, holders, strict=True)}
 
@@ -477,12 +486,12 @@ class AsyncSharedState:
         Raises:
             NotLockOwner: a lock is not held by ``owner``; it was left as it was.
         """
-        wanted = sorted({_guards.lock_name(n) for n in names})
+        wanted = sorted(set(_lock_names(names)))
         missing = await self.backend.release_locks(wanted, owner)
         if missing:
             holders = await self.backend.lock_holders(missing[:1])
             raise NotLockOwner(missing[0], None if holders[0] is None else holders[0][0])
 
     async def sweep_locks(self, limit: int = 1000) -> int:
-        """Free locks whose TTL has passed; how many."""
-        return await self.backend.sweep_locks(limit)
+        """Free locks whose TTL has passed (at most ``limit``, 1 to 1,000,000); how many."""
+        return await self.backend.sweep_locks(check.integer(limit, "limit", low=1, high=1_000_000))
