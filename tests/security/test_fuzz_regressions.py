@@ -233,3 +233,11 @@ def test_limits_and_lock_names_are_checked(store: Store) -> None:
         if store.kind != "memory":
             keys.close()
             state.close()
+
+
+def test_a_field_name_that_is_not_a_str_is_refused(state: al.SharedState) -> None:
+    # An unhashable field name raised TypeError while the write was being built.
+    for field in ([], {"a": 1}, 7, None, "\ud800", ""):
+        with pytest.raises(al.InvalidName, match="field name"):
+            state.set_field("r", field, 1)  # type: ignore[arg-type]
+    assert state.get("r") == al.Versioned({}, 0)

@@ -326,7 +326,7 @@ class AsyncSharedState:
         key = _guards.record_key(key)
         write = self._write(
             key,
-            self._fields(key, {field: value}),
+            self._fields(key, {_guards.field_name(field): value}),
             replace=False,
             expected_version=expected_version,
             machine=machine,

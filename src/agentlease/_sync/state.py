@@ -328,7 +328,7 @@ class SharedState:
         key = _guards.record_key(key)
         write = self._write(
             key,
-            self._fields(key, {field: value}),
+            self._fields(key, {_guards.field_name(field): value}),
             replace=False,
             expected_version=expected_version,
             machine=machine,
