@@ -571,6 +571,32 @@ def test_settings_and_durations() -> None:
     examples()
 
 
+def test_state_machines() -> None:
+    states = st.one_of(s.names(), st.sampled_from(["draft", "review"]))
+    collections = st.one_of(st.sets(st.sampled_from(["draft", "review"])), s.names(), s.not_str)
+    drawn = st.tuples(
+        st.one_of(st.just("status"), s.names()),
+        st.one_of(st.dictionaries(states, collections, max_size=3), s.not_str),
+        st.one_of(st.just(()), collections),
+        states,
+    )
+
+    @settings(settings.get_profile("agentlease-fuzz"), max_examples=300 if DEEP else 60)
+    @given(drawn)
+    def examples(args: tuple[Any, Any, Any, Any]) -> None:
+        field, transitions, initial, target = args
+        try:
+            machine = al.StateMachine(field=field, transitions=transitions, initial=initial)
+            machine.sources(target)
+        except AgentLeaseError as exc:
+            refusal = exc
+        else:
+            return
+        assert str(refusal)
+
+    examples()
+
+
 def test_deep_and_huge_payloads_are_typed_refusals() -> None:
     queue = al.Queue(MemoryBackend())
     queue.enqueue("q", s.nested(200))

@@ -241,3 +241,21 @@ def test_a_field_name_that_is_not_a_str_is_refused(state: al.SharedState) -> Non
         with pytest.raises(al.InvalidName, match="field name"):
             state.set_field("r", field, 1)  # type: ignore[arg-type]
     assert state.get("r") == al.Versioned({}, 0)
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"transitions": 5},  # AttributeError
+        {"transitions": {"a": None}},  # TypeError
+        {"transitions": {"a": set()}, "initial": 5},  # TypeError
+        {"transitions": {1: set(), "a": set()}},  # TypeError when sorted for a write
+        {"transitions": {"\ud800": set()}},  # orjson's TypeError when encoded for a write
+        {"transitions": {("t",): set()}},  # declared, yet never a JSON state
+        {"transitions": {"draft": "review", "review": set()}},  # the letters of 'review'
+        {"transitions": {"a": {"b"}, "b": set()}, "initial": "a"},  # a lone str as a set
+    ],
+)
+def test_state_machines_take_collections_of_str_states(kw: dict[str, object]) -> None:
+    with pytest.raises(InvalidInput, match="state"):
+        al.StateMachine(field="status", **kw)  # type: ignore[arg-type]
