@@ -5,8 +5,10 @@ exactly, and a refusal changes nothing.
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Callable, Iterator
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -259,3 +261,24 @@ def test_a_field_name_that_is_not_a_str_is_refused(state: al.SharedState) -> Non
 def test_state_machines_take_collections_of_str_states(kw: dict[str, object]) -> None:
     with pytest.raises(InvalidInput, match="state"):
         al.StateMachine(field="status", **kw)  # type: ignore[arg-type]
+
+
+def test_versioned_update_refuses_what_no_driver_binds(tmp_path: Path) -> None:
+    # sqlite3 raised UnicodeEncodeError and OverflowError; a table that was not a str,
+    # AttributeError.
+    conn = sqlite3.connect(tmp_path / "own.db")
+    conn.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, title TEXT, version INTEGER)")
+    conn.execute("INSERT INTO t VALUES (1, 'a', 1)")
+    for args in [
+        ("t", {"id": 1}, 1, {"title": "\ud800"}),
+        ("t", {"id": 2**64}, 1, {"title": "x"}),
+        ("t", {"id": 1}, 2**63, {"title": "x"}),
+        ("t", {"id": 1}, "1", {"title": "x"}),
+        (7, {"id": 1}, 1, {"title": "x"}),
+        ("t", [("id", 1)], 1, {"title": "x"}),
+    ]:
+        with pytest.raises(InvalidInput):
+            al.versioned_update(conn, *args)  # type: ignore[arg-type]
+    assert conn.execute("SELECT title, version FROM t").fetchall() == [("a", 1)]
+    assert al.versioned_update(conn, "t", {"id": 1}, 1, {"title": "b"}) == 2
+    conn.close()
