@@ -282,3 +282,25 @@ def test_versioned_update_refuses_what_no_driver_binds(tmp_path: Path) -> None:
     assert conn.execute("SELECT title, version FROM t").fetchall() == [("a", 1)]
     assert al.versioned_update(conn, "t", {"id": 1}, 1, {"title": "b"}) == 2
     conn.close()
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"exclude": 5},  # TypeError
+        {"exclude": "x"},  # a lone str was its letters
+        {"fail_on": 5},  # TypeError
+        {"release_on": "x"},  # accepted, then TypeError from isinstance() after the effect
+        {"fail_on": (ValueError, 5)},  # the same
+    ],
+)
+def test_idempotent_options_are_checked_before_anything_runs(kw: dict[str, object]) -> None:
+    keys = al.Idempotency(al.MemoryBackend())
+    ran: list[object] = []
+    decorate = al.idempotent(tool="t", store=keys, step="s", **kw)  # type: ignore[call-overload]
+    with pytest.raises(InvalidInput):
+        decorate(ran.append)  # refused as it decorates: nothing can run later
+    if "exclude" not in kw:
+        with pytest.raises(InvalidInput):
+            keys.call(lambda: ran.append(2), tool="t", args={}, step="s", task_id="t2", **kw)
+    assert ran == []

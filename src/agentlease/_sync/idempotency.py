@@ -49,7 +49,14 @@ from typing import TYPE_CHECKING, TypeVar
 from agentlease import _scope
 from agentlease import _validate as check
 from agentlease._codec import JSON, encode
-from agentlease._outcomes import ErrorTypes, NotApplied, Outcome, error_json, rebuild
+from agentlease._outcomes import (
+    ErrorTypes,
+    NotApplied,
+    Outcome,
+    error_json,
+    error_types,
+    rebuild,
+)
 from agentlease._policy.keys import (
     check_key,
     fingerprint,
@@ -576,6 +583,8 @@ class Idempotency:
                 :meth:`begin` and :meth:`Action.complete`.
             ReplayedFailure: a stored failure whose type is not among ``fail_on``.
         """
+        fail_on = error_types(fail_on, "fail_on")
+        release_on = error_types(release_on, "release_on")
         action = self.begin(tool, args, step=step, task_id=task_id, key=key, wait=wait)
         if action.replayed:
             action.raise_if_failed(fail_on)
@@ -615,6 +624,8 @@ class Idempotency:
         ``act.result`` is recorded; errors are handled as in :meth:`call`. A stored permanent
         failure is raised on entry.
         """
+        fail_on = error_types(fail_on, "fail_on")
+        release_on = error_types(release_on, "release_on")
         act = self.begin(tool, args, step=step, task_id=task_id, key=key, wait=wait)
         if act.replayed:
             act.raise_if_failed(fail_on)
