@@ -572,7 +572,13 @@ def test_settings_and_durations() -> None:
 
 
 def test_state_machines() -> None:
-    states = st.one_of(s.names(), st.sampled_from(["draft", "review"]))
+    states = st.one_of(  # hashable, to be keys of the transitions
+        st.sampled_from(["draft", "review", *s.STORE_WORDS, *s.SPECIAL_NAMES]),
+        s.nasty_text,
+        st.integers(),
+        st.none(),
+        st.tuples(st.text(max_size=2)),
+    )
     collections = st.one_of(st.sets(st.sampled_from(["draft", "review"])), s.names(), s.not_str)
     drawn = st.tuples(
         st.one_of(st.just("status"), s.names()),
