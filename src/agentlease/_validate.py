@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterable, Mapping
+from typing import TypeVar
 
 from agentlease._records import Lease
 from agentlease.errors import InvalidDuration, InvalidInput, InvalidName
@@ -12,11 +14,15 @@ __all__ = [
     "EXACT_INT",
     "batch_size",
     "duration",
+    "flag",
+    "items",
     "lease",
     "optional_duration",
     "queue_name",
     "task_id",
 ]
+
+T = TypeVar("T")
 
 # The largest integer every store compares exactly: Redis's Lua scripts hold numbers as doubles,
 # which are exact integers only up to 2**53. Counter amounts, limits and values, versions and
@@ -131,4 +137,20 @@ def lease(value: object) -> Lease:
         t = getattr(value, what)
         if isinstance(t, bool) or not isinstance(t, int | float) or not math.isfinite(t):
             raise InvalidInput(f"lease {what} must be a finite number, not {t!r}")
+    return value
+
+
+def items(value: Iterable[T], what: str) -> list[T]:
+    """The items of ``value``, an iterable of them; a str, bytes or a mapping is refused (its
+    letters, bytes or keys would be taken one by one, which no caller means)."""
+    if isinstance(value, str | bytes | Mapping) or not isinstance(value, Iterable):
+        kind = type(value).__name__
+        raise InvalidInput(f"{what} must be a list (an iterable of items), not {kind}")
+    return list(value)
+
+
+def flag(value: object, what: str) -> bool:
+    """Return ``value`` if it is a bool."""
+    if not isinstance(value, bool):
+        raise InvalidInput(f"{what} must be True or False, not {value!r}")
     return value

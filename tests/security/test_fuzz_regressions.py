@@ -304,3 +304,27 @@ def test_idempotent_options_are_checked_before_anything_runs(kw: dict[str, objec
         with pytest.raises(InvalidInput):
             keys.call(lambda: ran.append(2), tool="t", args={}, step="s", task_id="t2", **kw)
     assert ran == []
+
+
+def test_collections_are_not_taken_letter_by_letter(store: Store) -> None:
+    # A str of ids requeued the tasks 'a', 'b' and 'c'; a str or dict of tasks enqueued one task
+    # per letter or key; a bare lease or int raised TypeError; front='x' was truthy.
+    queue = store.queue()
+    queue.enqueue("q", 1, id="t1")
+    (job,) = queue.claim("q", lease_for=60)
+    before = (queue.stats("q").counts, queue.get("t1"))
+    for call in [
+        lambda: queue.requeue_dead("q", "abc"),  # type: ignore[arg-type]
+        lambda: queue.requeue_dead("q", None, front="yes"),  # type: ignore[arg-type]
+        lambda: queue.enqueue_many("q", "xy"),
+        lambda: queue.enqueue_many("q", {"k": 1}),  # type: ignore[arg-type]
+        lambda: queue.enqueue_many("q", 5),  # type: ignore[arg-type]
+        lambda: queue.complete_many([job.lease]),  # type: ignore[list-item]
+        lambda: queue.complete_many([(job.lease, None, None)]),  # type: ignore[list-item]
+        lambda: queue.extend(job.lease),  # type: ignore[arg-type]
+        lambda: queue.release(job.lease, front="x"),  # type: ignore[arg-type]
+    ]:
+        with pytest.raises(InvalidInput, match=r"list|pairs|True or False"):
+            call()
+    assert (queue.stats("q").counts, queue.get("t1")) == before
+    assert len(queue.enqueue_many("q", (p for p in [1, 2]))) == 2  # any other iterable works

@@ -149,7 +149,7 @@ class AsyncQueue:
         queue = check.queue_name(queue)
         specs = [
             self._new_task(queue, t if isinstance(t, TaskSpec) else TaskSpec(payload=t))
-            for t in tasks
+            for t in check.items(tasks, "tasks")
         ]
         if not specs:
             return []
@@ -185,7 +185,7 @@ class AsyncQueue:
             For each lease, in order, the renewed lease or ``None`` if it is no longer held.
         """
         seconds = self.settings.lease_for if lease_for is None else lease_for
-        leases = [check.lease(lease) for lease in leases]
+        leases = [check.lease(lease) for lease in check.items(leases, "leases")]
         renewed = await self.backend.extend(leases, check.duration(seconds, "lease_for"))
         for old, new in zip(leases, renewed, strict=True):
             if new is None:
@@ -269,8 +269,9 @@ class AsyncQueue:
         Raises:
             NotJSON, PayloadTooLarge: a result was refused; nothing was written.
         """
+        pairs = [_pair(item) for item in check.items(items, "items")]
         return await self.complete_encoded(
-            [(lease, self.encode_result(result)) for lease, result in items]
+            [(lease, self.encode_result(result)) for lease, result in pairs]
         )
 
     async def fail(
@@ -301,7 +302,7 @@ class AsyncQueue:
 
     async def release(self, lease: Lease, *, front: bool = True) -> None:
         """Give the task back unrun (not counted as a failure or a reclaim), fenced."""
-        lease = check.lease(lease)
+        lease, front = check.lease(lease), check.flag(front, "front")
         try:
             await self.backend.release(lease, front)
         except LeaseLost as exc:
@@ -360,8 +361,10 @@ class AsyncQueue:
         Returns:
             How many were requeued.
         """
-        ids = None if task_ids is None else [check.task_id(t) for t in task_ids]
-        return await self.backend.requeue_dead(check.queue_name(queue), ids, front)
+        ids = None if task_ids is None else [check.task_id(t) for t in check.items(task_ids, "ids")]
+        return await self.backend.requeue_dead(
+            check.queue_name(queue), ids, check.flag(front, "front")
+        )
 
     # -- events ---------------------------------------------------------------------------------
 
@@ -381,6 +384,12 @@ class AsyncQueue:
             current_attempt=exc.current_attempt,
             reason=exc.reason,
         )
+
+
+def _pair(item: object) -> tuple[Lease, JSON]:
+    if not isinstance(item, tuple | list) or len(item) != 2:
+        raise InvalidInput(f"complete_many takes (lease, result) pairs, not {type(item).__name__}")
+    return item[0], item[1]
 
 
 def _describe(error: BaseException | str) -> dict[str, JSON]:

@@ -151,7 +151,7 @@ class Queue:
         queue = check.queue_name(queue)
         specs = [
             self._new_task(queue, t if isinstance(t, TaskSpec) else TaskSpec(payload=t))
-            for t in tasks
+            for t in check.items(tasks, "tasks")
         ]
         if not specs:
             return []
@@ -187,7 +187,7 @@ class Queue:
             For each lease, in order, the renewed lease or ``None`` if it is no longer held.
         """
         seconds = self.settings.lease_for if lease_for is None else lease_for
-        leases = [check.lease(lease) for lease in leases]
+        leases = [check.lease(lease) for lease in check.items(leases, "leases")]
         renewed = self.backend.extend(leases, check.duration(seconds, "lease_for"))
         for old, new in zip(leases, renewed, strict=True):
             if new is None:
@@ -271,8 +271,9 @@ class Queue:
         Raises:
             NotJSON, PayloadTooLarge: a result was refused; nothing was written.
         """
+        pairs = [_pair(item) for item in check.items(items, "items")]
         return self.complete_encoded(
-            [(lease, self.encode_result(result)) for lease, result in items]
+            [(lease, self.encode_result(result)) for lease, result in pairs]
         )
 
     def fail(
@@ -303,7 +304,7 @@ class Queue:
 
     def release(self, lease: Lease, *, front: bool = True) -> None:
         """Give the task back unrun (not counted as a failure or a reclaim), fenced."""
-        lease = check.lease(lease)
+        lease, front = check.lease(lease), check.flag(front, "front")
         try:
             self.backend.release(lease, front)
         except LeaseLost as exc:
@@ -362,8 +363,10 @@ class Queue:
         Returns:
             How many were requeued.
         """
-        ids = None if task_ids is None else [check.task_id(t) for t in task_ids]
-        return self.backend.requeue_dead(check.queue_name(queue), ids, front)
+        ids = None if task_ids is None else [check.task_id(t) for t in check.items(task_ids, "ids")]
+        return self.backend.requeue_dead(
+            check.queue_name(queue), ids, check.flag(front, "front")
+        )
 
     # -- events ---------------------------------------------------------------------------------
 
@@ -383,6 +386,12 @@ class Queue:
             current_attempt=exc.current_attempt,
             reason=exc.reason,
         )
+
+
+def _pair(item: object) -> tuple[Lease, JSON]:
+    if not isinstance(item, tuple | list) or len(item) != 2:
+        raise InvalidInput(f"complete_many takes (lease, result) pairs, not {type(item).__name__}")
+    return item[0], item[1]
 
 
 def _describe(error: BaseException | str) -> dict[str, JSON]:
