@@ -225,14 +225,16 @@ def test_enqueue_many_is_all_or_nothing(fuzz: Fuzz) -> None:
         dedup_key=st.one_of(st.none(), s.names()),
         partition=st.one_of(st.none(), s.names()),
     )
-    drawn = st.tuples(s.names(), st.lists(st.one_of(spec, s.payloads), max_size=4))
+    tasks = st.lists(st.one_of(spec, s.payloads), max_size=4)
+    drawn = st.tuples(s.names(), st.one_of(tasks, tasks, s.names(), st.just({"k": 1})))
 
     def body(args: tuple[Any, list[Any]]) -> None:
         queue, items = args
-        items = [
-            replace(i, payload=s.real(i.payload)) if isinstance(i, al.TaskSpec) else s.real(i)
-            for i in items
-        ]
+        if isinstance(items, list):
+            items = [
+                replace(i, payload=s.real(i.payload)) if isinstance(i, al.TaskSpec) else s.real(i)
+                for i in items
+            ]
         fuzz.refused_or_works(lambda: fuzz.queue.enqueue_many(queue, items), queue)
 
     run(fuzz, drawn, body)
