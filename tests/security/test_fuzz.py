@@ -8,9 +8,9 @@ store's keys and identifiers), reads what the public API shows of the store (a s
 and after, and checks that a refusal left it equal. Any other exception (a driver's, a
 ``TypeError``, ``OverflowError``, ``RecursionError``, ``UnicodeEncodeError``) fails the test.
 
-Memory and SQLite get a few dozen examples per property, Redis and PostgreSQL fewer; with
-AGENTLEASE_DEEP=1 many more. Counters are also checked against a model: what the store returns
-is exactly what Python's integers say, up to the range every counter keeps to.
+Memory and SQLite get a few dozen examples per property, Redis, Redis Cluster and PostgreSQL
+fewer; with AGENTLEASE_DEEP=1 many more. Counters are also checked against a model: what the
+store returns is exactly what Python's integers say, within the range every counter keeps to.
 """
 
 from __future__ import annotations
@@ -36,7 +36,9 @@ from tests.conftest import BACKENDS, EMBEDDED
 from tests.security import _strategies as s
 
 DEEP = os.environ.get("AGENTLEASE_DEEP") == "1"
-FUZZ_BACKENDS = [b for b in ("memory", "sqlite", "redis", "postgres") if b in BACKENDS]
+FUZZ_BACKENDS = [
+    b for b in ("memory", "sqlite", "redis", "redis-cluster", "postgres") if b in BACKENDS
+]
 MAX = 2**53 - 1
 
 settings.register_profile(
@@ -160,7 +162,7 @@ def fuzz(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Fuzz]:
     elif kind == "sqlite":
         f = Fuzz(kind, f"sqlite:///{tmp_path / 'fuzz.db'}", None)
     else:
-        f = Fuzz(kind, request.getfixturevalue(f"served_url_{kind}"), None)
+        f = Fuzz(kind, request.getfixturevalue("served_url_" + kind.replace("-", "_")), None)
     try:
         yield f
     finally:
