@@ -12,6 +12,7 @@ from agentlease.errors import InvalidDuration, InvalidInput, InvalidName
 
 __all__ = [
     "EXACT_INT",
+    "LONGEST",
     "batch_size",
     "duration",
     "flag",
@@ -23,6 +24,11 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+
+# The longest duration accepted anywhere (100 years): every store's clock arithmetic and every
+# wait of a thread (threading.TIMEOUT_MAX, about 292 years on Linux) takes it. PostgreSQL's
+# timestamps end in the year 294276, and a renewal thread told to wait 1e308 s died of it.
+LONGEST = 100 * 365.25 * 86_400
 
 # The largest integer every store compares exactly: Redis's Lua scripts hold numbers as doubles,
 # which are exact integers only up to 2**53. Counter amounts, limits and values, versions and
@@ -68,13 +74,17 @@ def duration(value: object, what: str) -> float:
 
 
 def _seconds(value: object, what: str) -> float:
-    """``value`` as a float of seconds (an int past the float range is infinite)."""
+    """``value`` as a float of seconds, refused past :data:`LONGEST` (an int past the float
+    range is infinite, and refused by the callers)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise InvalidDuration(f"{what} must be a number of seconds, not {type(value).__name__}")
     try:
-        return float(value)
+        seconds = float(value)
     except OverflowError:
         return math.inf
+    if LONGEST < seconds < math.inf:
+        raise InvalidDuration(f"{what} must be at most {LONGEST:.0f} s (100 years), not {value!r}")
+    return seconds
 
 
 def optional_duration(value: object, what: str) -> float | None:

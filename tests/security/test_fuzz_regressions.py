@@ -328,3 +328,29 @@ def test_collections_are_not_taken_letter_by_letter(store: Store) -> None:
             call()
     assert (queue.stats("q").counts, queue.get("t1")) == before
     assert len(queue.enqueue_many("q", (p for p in [1, 2]))) == 2  # any other iterable works
+
+
+def test_durations_are_at_most_a_hundred_years(store: Store) -> None:
+    # ttl=1e308 killed the renewal thread (OverflowError in its wait), which stopped the
+    # renewals of every lock, hold and key of the process; PostgreSQL refused such durations
+    # with a bare BackendError (timestamp out of range) where the other stores took them.
+    longest = 100 * 365.25 * 86_400
+    queue = store.queue()
+    state = al.SharedState(queue.backend)
+    assert queue.enqueue("q", 1, delay=longest).created
+    with state.locks(["l"], timeout=1, ttl=longest) as held:
+        assert held.tokens == {"l": 1}
+    with state.hold("h", 1, limit=5, ttl=longest) as hold:
+        hold.commit()
+    for call in [
+        lambda: queue.enqueue("q", 1, delay=longest * 1.01),
+        lambda: queue.claim("q", lease_for=1e308),
+        lambda: state.locks(["l"], timeout=1, ttl=1e308),
+        lambda: state.hold("h", 1, limit=5, ttl=10**20),
+        lambda: al.QueueSettings(max_lease=1e12),
+        lambda: al.IdempotencySettings(window=1e12),
+    ]:
+        with pytest.raises(al.InvalidDuration, match="100 years"):
+            call()
+    assert queue.stats("q").counts == {"scheduled": 1}
+    assert state.counter("h") == 1
