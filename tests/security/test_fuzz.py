@@ -68,7 +68,7 @@ class Fuzz:
         self.state = al.SharedState(self._backend())
         self.keys = al.Idempotency(self._backend())
         # Something in the store for a refusal to break: a leased task, a queued one, a record,
-        # a counter, a held lock and a completed idempotency key.
+        # a counter, a held lock and an idempotency key in flight.
         self.queue.enqueue("fz", {"n": 1}, id="seed-leased", partition="p")
         self.queue.enqueue("fz", [1, "two"], id="seed-queued", priority=3, dedup_key="d")
         (job,) = self.queue.claim("fz", lease_for=300)
@@ -84,10 +84,9 @@ class Fuzz:
 
     def close(self) -> None:
         self.locked.__exit__(None, None, None)
-        if self._memory is None:
-            self.keys.close()
-            self.state.close()
-            self.queue.close()
+        self.keys.close()  # stops the in-flight key's renewals (closing memory releases nothing)
+        self.state.close()
+        self.queue.close()
 
     def snapshot(self, *names: object) -> dict[str, object]:
         """What the public API shows of the store: the watched things, and the named ones."""
