@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Collection, Iterable
 from typing import Any, Generic, ParamSpec, TypeVar, overload
 
 from agentlease._async.idempotency import AsyncIdempotency
-from agentlease._outcomes import ErrorTypes, Outcome
+from agentlease._outcomes import ErrorTypes, Outcome, error_types
 from agentlease._sync.idempotency import Idempotency
 from agentlease.errors import InvalidInput
 
@@ -38,6 +38,8 @@ class _Bound:
         release_on: ErrorTypes,
     ) -> None:
         self.signature = inspect.signature(fn)
+        if isinstance(exclude, str | bytes) or not isinstance(exclude, Iterable):
+            raise InvalidInput(f"exclude must be a collection of parameter names, not {exclude!r}")
         unknown = set(exclude) - set(self.signature.parameters)
         if unknown:
             raise InvalidInput(
@@ -50,8 +52,8 @@ class _Bound:
             "tool": tool,
             "step": step,
             "wait": wait,
-            "fail_on": tuple(fail_on),
-            "release_on": tuple(release_on),
+            "fail_on": error_types(fail_on, "fail_on"),
+            "release_on": error_types(release_on, "release_on"),
         }
         # A signature of plain parameters (no *args, **kwargs, positional- or keyword-only)
         # binds by name and position without inspect: the arguments of most tools.
@@ -207,7 +209,8 @@ def idempotent(
         release_on: errors known to mean the side effect did not happen: the key is released.
 
     Raises:
-        InvalidInput: the store's face does not match the function, or ``exclude`` names no
-            parameter.
+        InvalidInput: the store's face does not match the function, ``exclude`` names no
+            parameter (or is a lone str), or ``fail_on``/``release_on`` is not a tuple of
+            exception classes.
     """
     return _Decorator(store, tool, step, exclude, wait, fail_on, release_on)

@@ -6,6 +6,7 @@ are one class each whichever face raises or returns them.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -13,12 +14,25 @@ import orjson
 
 from agentlease import errors
 from agentlease._codec import JSON
-from agentlease.errors import ReplayedFailure
+from agentlease.errors import InvalidInput, ReplayedFailure
 
-__all__ = ["ErrorTypes", "NotApplied", "Outcome", "error_json", "rebuild"]
+__all__ = ["ErrorTypes", "NotApplied", "Outcome", "error_json", "error_types", "rebuild"]
 
 T = TypeVar("T")
 ErrorTypes = tuple[type[BaseException], ...]
+
+
+def error_types(value: object, what: str) -> ErrorTypes:
+    """``value`` as a tuple of exception classes (``fail_on``, ``release_on``), checked before
+    the action runs: a wrong one found only when the action raised would come after its side
+    effect."""
+    if isinstance(value, str | bytes) or not isinstance(value, Iterable):
+        raise InvalidInput(f"{what} must be a tuple of exception classes, not {value!r}")
+    types = tuple(value)
+    for t in types:
+        if not (isinstance(t, type) and issubclass(t, BaseException)):
+            raise InvalidInput(f"{what} must hold exception classes, not {t!r}")
+    return types
 
 
 class NotApplied(Exception):

@@ -52,17 +52,18 @@ def misplaced_at(url: str, netloc: str) -> str | None:
     return None
 
 
-_CONTROL = re.compile(r"[\x00-\x20\x7f]")
+_CONTROL = re.compile(r"[\x00-\x20\x7f\ud800-\udfff]")
 
 
 def unreadable(url: str) -> str | None:
-    """Why ``url`` is refused before it is split, if it holds a space or a control character:
-    :func:`urllib.parse.urlsplit` silently drops tabs and newlines, so ``prefix=a%0Ab`` written
-    raw would name the namespace ``ab``, not the one its author meant."""
+    """Why ``url`` is refused before it is split, if it holds a space, a control character or a
+    lone surrogate: :func:`urllib.parse.urlsplit` silently drops tabs and newlines, so a raw
+    newline in ``prefix=a<newline>b`` would name the namespace ``ab``, not the one its author
+    meant; a NUL ends a C string in the drivers; a lone surrogate has no UTF-8."""
     found = _CONTROL.search(url)
     if found is None:
         return None
     return (
-        f"{redact_url(_CONTROL.sub('?', url))!r} holds a space or control character (shown "
-        "as '?'): percent-encode it"
+        f"{redact_url(_CONTROL.sub('?', url))!r} holds a space, a control character or a lone "
+        "surrogate (shown as '?'): a URL is printable text (percent-encode others as %XX)"
     )

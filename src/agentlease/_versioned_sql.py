@@ -14,6 +14,7 @@ import sqlite3
 from collections.abc import Mapping
 from typing import Any
 
+from agentlease import _validate as check
 from agentlease.errors import ConflictError, InvalidInput, InvalidName
 
 __all__ = ["versioned_update"]
@@ -25,6 +26,18 @@ def _ident(name: object, what: str) -> str:
     if not isinstance(name, str) or not _IDENT.fullmatch(name):
         raise InvalidName(f"{what} {name!r} is not a plain SQL identifier")
     return name
+
+
+def _bindable(value: object) -> None:
+    """Refuse what neither driver can bind as its SQL type: an int past 64 bits, a str with a
+    lone surrogate (no UTF-8). Other types are the driver's to map (or refuse)."""
+    if type(value) is int and not -(2**63) <= value < 2**63:
+        raise InvalidInput(f"{value} does not fit a 64-bit SQL integer")
+    if isinstance(value, str) and not value.isascii():
+        try:
+            value.encode()
+        except UnicodeEncodeError as exc:
+            raise InvalidInput(f"{value!r} is not valid text: {exc.reason}") from None
 
 
 def versioned_update(
@@ -49,8 +62,17 @@ def versioned_update(
     Raises:
         ConflictError: the row's version moved (or the row is gone): ``current_version`` and
             ``current_value`` (the row as a dict, ``None`` if gone) say what it is now.
-        InvalidName, InvalidInput: bad identifiers, or nothing to set.
+        InvalidName, InvalidInput: bad identifiers, nothing to set, an ``expected_version``
+            that is not an int in 0..2**63 - 1, or a value no driver can bind (an int past 64
+            bits, a str with a lone surrogate).
     """
+    if not isinstance(table, str):
+        raise InvalidName(f"table must be a str, not {type(table).__name__}")
+    check.integer(expected_version, "expected_version", low=0, high=2**63 - 1)
+    if not isinstance(where, Mapping) or not isinstance(values, Mapping):
+        raise InvalidInput("versioned_update takes where= and values= as mappings of columns")
+    for value in (*where.values(), *values.values()):
+        _bindable(value)
     parts = table.split(".")
     if not 1 <= len(parts) <= 2:
         raise InvalidName(f"table {table!r} is not [schema.]table")

@@ -15,7 +15,10 @@ Written once for asyncio; the synchronous face is generated from this file by sc
   :class:`~agentlease.errors.TransitionRefused`.
 * **Bounded counters** (materialised constraints): :meth:`~AsyncSharedState.reserve` refuses
   past a maximum, :meth:`~AsyncSharedState.take` below a minimum, so write skew across a fan-out
-  becomes a refusal on one contended row.
+  becomes a refusal on one contended row. Counters, their amounts and limits are integers
+  within +-(2**53 - 1), which every store compares exactly; a step that would leave that range
+  is refused with :class:`~agentlease.errors.LimitReached`, an amount or limit outside it with
+  :class:`~agentlease.errors.InvalidInput`.
 * **Counter holds**: :meth:`~AsyncSharedState.hold` takes units of the same bounded counter
   under a lease renewed while held, so a holder that dies gives them back (see
   :mod:`agentlease._async.holds`).
@@ -87,6 +90,25 @@ def _lapsed(held: AsyncLockSet | AsyncCounterHold) -> LockLost | HoldLost:
     return LockLost(
         held.names, f"no renewal was confirmed within their TTL ({held._ttl} s): store unreachable?"
     )
+
+
+# Every counter stays within +-EXACT_INT, and so do amounts and limits: a step that would leave
+# the range is refused by the store like one that passes a limit. Within it, every store (Redis's
+# Lua, with doubles, too) compares exactly.
+_FLOOR, _CEILING = -check.EXACT_INT, check.EXACT_INT
+
+
+def _amount(value: object, what: str, *, low: int = _FLOOR) -> int:
+    return check.integer(value, what, low=low, high=_CEILING)
+
+
+def _lock_names(names: object) -> list[str]:
+    """The lock names of ``names``, an iterable of names (a lone str would be its letters)."""
+    if isinstance(names, str | bytes) or not isinstance(names, Iterable):
+        raise InvalidInput(
+            f"lock names must be an iterable of names (a list), not {type(names).__name__}"
+        )
+    return [_guards.lock_name(n) for n in names]
 
 
 def _versioned(record: StateRecord | None) -> Versioned:
@@ -252,9 +274,9 @@ class AsyncSharedState:
                     f" {machine.field!r}"
                 )
         if expected_version is not None:
-            check.integer(expected_version, "expected_version", low=0, high=2**62)
+            check.integer(expected_version, "expected_version", low=0, high=check.EXACT_INT)
         if fence is not None:
-            check.integer(fence, "fence", low=0, high=2**62)
+            check.integer(fence, "fence", low=0, high=check.EXACT_INT)
         return RecordWrite(fields, replace, expected_version, guard_field, allowed, fence)
 
     async def get(self, key: str) -> Versioned:
@@ -304,7 +326,7 @@ class AsyncSharedState:
         key = _guards.record_key(key)
         write = self._write(
             key,
-            self._fields(key, {field: value}),
+            self._fields(key, {_guards.field_name(field): value}),
             replace=False,
             expected_version=expected_version,
             machine=machine,
@@ -365,16 +387,20 @@ class AsyncSharedState:
     async def reserve(self, name: str, n: int = 1, *, limit: int) -> int:
         """Take ``n`` units of a capacity that may not pass ``limit``; returns the new count.
 
+        ``n`` and ``limit`` are ints within +-(2**53 - 1), and so is every counter's value.
+
         Raises:
             LimitReached: fewer than ``n`` units are left; nothing was taken.
+            InvalidInput: ``n`` or ``limit`` is not an int in that range.
         """
-        n = check.integer(n, "n", low=1, high=2**62)
-        return await self.backend.add_counter(_guards.record_key(name), n, None, limit)
+        n = _amount(n, "n", low=1)
+        high = _amount(limit, "limit")
+        return await self.backend.add_counter(_guards.record_key(name), n, _FLOOR, high)
 
     async def release(self, name: str, n: int = 1) -> int:
         """Give back ``n`` units taken with :meth:`reserve` (never below 0)."""
-        n = check.integer(n, "n", low=1, high=2**62)
-        return await self.backend.add_counter(_guards.record_key(name), -n, 0, None)
+        n = _amount(n, "n", low=1)
+        return await self.backend.add_counter(_guards.record_key(name), -n, 0, _CEILING)
 
     async def take(self, name: str, n: int = 1, *, minimum: int) -> int:
         """Remove ``n`` from a count that must stay at least ``minimum`` ("at least one
@@ -383,13 +409,20 @@ class AsyncSharedState:
         Raises:
             LimitReached: the count would drop below ``minimum``; nothing changed.
         """
-        n = check.integer(n, "n", low=1, high=2**62)
-        return await self.backend.add_counter(_guards.record_key(name), -n, minimum, None)
+        n = _amount(n, "n", low=1)
+        low = _amount(minimum, "minimum")
+        return await self.backend.add_counter(_guards.record_key(name), -n, low, _CEILING)
 
     async def add(self, name: str, n: int = 1) -> int:
-        """Add ``n`` (may be negative) with no bound; returns the new count."""
-        n = check.integer(n, "n", low=-(2**62), high=2**62)
-        return await self.backend.add_counter(_guards.record_key(name), n, None, None)
+        """Add ``n`` (may be negative) with no bound but the counters' range; returns the new
+        count.
+
+        Raises:
+            LimitReached: the count would leave the range every counter keeps to (see
+                :meth:`reserve`); nothing changed.
+        """
+        n = _amount(n, "n")
+        return await self.backend.add_counter(_guards.record_key(name), n, _FLOOR, _CEILING)
 
     def hold(self, name: str, n: int = 1, *, limit: int, ttl: float = 30.0) -> AsyncCounterHold:
         """Hold ``n`` units of a capacity that may not pass ``limit`` (the same counter and
@@ -410,8 +443,8 @@ class AsyncSharedState:
             LimitReached: (on entering) fewer than ``n`` units are left; nothing was taken.
             HoldLost: (on exit) the hold ran out before it was released (renewals failed?).
         """
-        n = check.integer(n, "n", low=1, high=2**62)
-        limit = check.integer(limit, "limit", low=-(2**62), high=2**62)
+        n = _amount(n, "n", low=1)
+        limit = _amount(limit, "limit")
         return AsyncCounterHold(
             self, _guards.record_key(name), n, limit, check.duration(ttl, "ttl")
         )
@@ -435,7 +468,7 @@ class AsyncSharedState:
         Raises:
             LockTimeout: (on entering) not acquired within ``timeout``; none is held.
         """
-        wanted = tuple(sorted({_guards.lock_name(n) for n in names}))
+        wanted = tuple(sorted(set(_lock_names(names))))
         if not wanted:
             raise InvalidInput("a lock set needs at least one lock name")
         timeout = check.duration(timeout, "timeout")
@@ -443,7 +476,7 @@ class AsyncSharedState:
 
     async def lock_holders(self, names: Iterable[str]) -> dict[str, str | None]:
         """Each lock's current holder (``None`` if free)."""
-        wanted = [_guards.lock_name(n) for n in names]
+        wanted = _lock_names(names)
         holders = await self.backend.lock_holders(wanted)
         return {n: None if h is None else h[0] for n, h in zip(wanted, holders, strict=True)}
 
@@ -453,12 +486,12 @@ class AsyncSharedState:
         Raises:
             NotLockOwner: a lock is not held by ``owner``; it was left as it was.
         """
-        wanted = sorted({_guards.lock_name(n) for n in names})
+        wanted = sorted(set(_lock_names(names)))
         missing = await self.backend.release_locks(wanted, owner)
         if missing:
             holders = await self.backend.lock_holders(missing[:1])
             raise NotLockOwner(missing[0], None if holders[0] is None else holders[0][0])
 
     async def sweep_locks(self, limit: int = 1000) -> int:
-        """Free locks whose TTL has passed; how many."""
-        return await self.backend.sweep_locks(limit)
+        """Free locks whose TTL has passed (at most ``limit``, 1 to 1,000,000); how many."""
+        return await self.backend.sweep_locks(check.integer(limit, "limit", low=1, high=1_000_000))

@@ -126,9 +126,12 @@ def fingerprint(args: object, tool: str, step: str | None = None) -> str:
 
     Raises:
         MissingIdentity: the tool name is missing or empty.
+        InvalidName: the tool name or step id is not valid text (a lone surrogate).
         NotJSON: the arguments are not plain JSON.
     """
     _check_part("tool name", tool)
+    if step is not None:
+        _check_part("step id", step)
     return _fingerprint(tool, step, canonical_json(args))
 
 
@@ -171,6 +174,7 @@ def derive_key(task_id: str, step_id: str, tool: str, args: object) -> str:
 
     Raises:
         MissingIdentity: the task, step or tool is missing or empty.
+        InvalidName: one of them is not valid text (a lone surrogate).
         NotJSON: the arguments are not plain JSON.
     """
     return key_and_fingerprint(task_id, step_id, tool, args)[0]
@@ -200,6 +204,11 @@ def _check_part(what: str, part: object) -> None:
             f"an idempotent action needs a {what}, got {part!r}: without it two different"
             " actions could share a key"
         )
+    if not part.isascii():
+        try:
+            part.encode()
+        except UnicodeEncodeError as exc:  # a lone surrogate: no UTF-8, so nothing to hash
+            raise InvalidName(f"{what} {part!r} is not valid text: {exc.reason}") from None
 
 
 def _fingerprint(tool: str, step: str | None, canonical: bytes) -> str:

@@ -28,6 +28,11 @@ class StateMachine:
         initial: the states a record may start in (default: every state that no transition
             leads to).
 
+    Raises:
+        InvalidInput: a state is not a str (or has no UTF-8 encoding), a collection of states
+            is a lone str or not a collection, a move leads to an undeclared state, or no state
+            is initial.
+
     Example::
 
         review = StateMachine(
@@ -45,7 +50,15 @@ class StateMachine:
     def __post_init__(self) -> None:
         if not isinstance(self.field, str) or not self.field:
             raise InvalidInput("a state machine needs the name of its state field")
-        moves = {state: frozenset(targets) for state, targets in self.transitions.items()}
+        if not isinstance(self.transitions, Mapping):
+            raise InvalidInput(
+                "a state machine's transitions map each state to the states it may move to,"
+                f" not {type(self.transitions).__name__}"
+            )
+        moves = {
+            _state(state): frozenset(_states(targets, f"the moves of {state!r}"))
+            for state, targets in self.transitions.items()
+        }
         known = set(moves)
         for state, targets in moves.items():
             unknown = targets - known
@@ -53,7 +66,7 @@ class StateMachine:
                 raise InvalidInput(
                     f"state {state!r} moves to undeclared states {sorted(unknown)}: declare them"
                 )
-        initial = frozenset(self.initial)
+        initial = frozenset(_states(self.initial, "initial"))
         if not initial:
             reached = set().union(*moves.values()) if moves else set()
             initial = frozenset(known - reached)
@@ -83,3 +96,24 @@ class StateMachine:
         if target in self.initial:
             froms.append(None)
         return tuple(froms)
+
+
+def _state(state: object) -> str:
+    """``state`` if it can be a stored state: a str with a UTF-8 encoding."""
+    if not isinstance(state, str):
+        raise InvalidInput(f"states are str, not {type(state).__name__} ({state!r})")
+    if not state.isascii():
+        try:
+            state.encode()
+        except UnicodeEncodeError as exc:  # a lone surrogate: no JSON for the store to compare
+            raise InvalidInput(f"state {state!r} is not valid text: {exc.reason}") from None
+    return state
+
+
+def _states(states: object, what: str) -> list[str]:
+    """The states of ``states``, an iterable of states (a lone str would be its letters)."""
+    if isinstance(states, str | bytes) or not isinstance(states, Iterable):
+        raise InvalidInput(
+            f"{what} must be a collection of states (a set), not {type(states).__name__}"
+        )
+    return [_state(s) for s in states]

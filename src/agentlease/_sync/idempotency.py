@@ -47,8 +47,16 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, TypeVar
 
 from agentlease import _scope
+from agentlease import _validate as check
 from agentlease._codec import JSON, encode
-from agentlease._outcomes import ErrorTypes, NotApplied, Outcome, error_json, rebuild
+from agentlease._outcomes import (
+    ErrorTypes,
+    NotApplied,
+    Outcome,
+    error_json,
+    error_types,
+    rebuild,
+)
 from agentlease._policy.keys import (
     check_key,
     fingerprint,
@@ -468,7 +476,7 @@ class Idempotency:
         holder = self._holder(scope)
         if wait is None:
             wait = settings.hold_for + 1.0 if scope.attempt is not None else 0.0
-        give_up = time.monotonic() + max(0.0, float(wait))
+        give_up = time.monotonic() + check.non_negative(wait, "wait")
         pause = 0.02
         while True:
             sent = time.monotonic()
@@ -575,6 +583,8 @@ class Idempotency:
                 :meth:`begin` and :meth:`Action.complete`.
             ReplayedFailure: a stored failure whose type is not among ``fail_on``.
         """
+        fail_on = error_types(fail_on, "fail_on")
+        release_on = error_types(release_on, "release_on")
         action = self.begin(tool, args, step=step, task_id=task_id, key=key, wait=wait)
         if action.replayed:
             action.raise_if_failed(fail_on)
@@ -614,6 +624,8 @@ class Idempotency:
         ``act.result`` is recorded; errors are handled as in :meth:`call`. A stored permanent
         failure is raised on entry.
         """
+        fail_on = error_types(fail_on, "fail_on")
+        release_on = error_types(release_on, "release_on")
         act = self.begin(tool, args, step=step, task_id=task_id, key=key, wait=wait)
         if act.replayed:
             act.raise_if_failed(fail_on)
@@ -634,5 +646,6 @@ class Idempotency:
         return self.backend.get_key(check_key(key))
 
     def purge(self, limit: int = 1000) -> int:
-        """Delete up to ``limit`` keys past the dedup window now; how many were deleted."""
-        return self.backend.purge_keys(limit)
+        """Delete up to ``limit`` keys (1 to 1,000,000) past the dedup window now; how many
+        were deleted."""
+        return self.backend.purge_keys(check.integer(limit, "limit", low=1, high=1_000_000))

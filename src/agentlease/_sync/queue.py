@@ -151,7 +151,7 @@ class Queue:
         queue = check.queue_name(queue)
         specs = [
             self._new_task(queue, t if isinstance(t, TaskSpec) else TaskSpec(payload=t))
-            for t in tasks
+            for t in check.items(tasks, "tasks")
         ]
         if not specs:
             return []
@@ -187,6 +187,7 @@ class Queue:
             For each lease, in order, the renewed lease or ``None`` if it is no longer held.
         """
         seconds = self.settings.lease_for if lease_for is None else lease_for
+        leases = [check.lease(lease) for lease in check.items(leases, "leases")]
         renewed = self.backend.extend(leases, check.duration(seconds, "lease_for"))
         for old, new in zip(leases, renewed, strict=True):
             if new is None:
@@ -202,6 +203,7 @@ class Queue:
             NotJSON, PayloadTooLarge: the result was refused; the lease is still held.
             LeaseLost: the lease is no longer held; nothing changed.
         """
+        lease = check.lease(lease)
         data = (
             None
             if result is None
@@ -229,6 +231,8 @@ class Queue:
         """:meth:`complete_many` for results already passed through :meth:`encode_result`."""
         if not items:
             return []
+        for lease, _ in items:
+            check.lease(lease)
         outcomes = self.backend.complete_many(items)
         for (lease, _), outcome in zip(items, outcomes, strict=True):
             if isinstance(outcome, LeaseLost):
@@ -240,6 +244,8 @@ class Queue:
     ) -> tuple[list[LeaseLost | UnknownTask | None], list[Job]]:
         """:meth:`complete_encoded`, then :meth:`claim` of up to ``n`` tasks of ``queue``, in
         as few round trips as the store allows (one transaction on SQLite and PostgreSQL)."""
+        for lease, _ in items:
+            check.lease(lease)
         outcomes, jobs, reaped = self.backend.complete_and_claim(
             items, check.queue_name(queue), check.batch_size(n), self._terms
         )
@@ -265,8 +271,9 @@ class Queue:
         Raises:
             NotJSON, PayloadTooLarge: a result was refused; nothing was written.
         """
+        pairs = [_pair(item) for item in check.items(items, "items")]
         return self.complete_encoded(
-            [(lease, self.encode_result(result)) for lease, result in items]
+            [(lease, self.encode_result(result)) for lease, result in pairs]
         )
 
     def fail(
@@ -278,6 +285,7 @@ class Queue:
         Returns:
             The task as it now stands (``failed`` awaiting retry, or ``dead``).
         """
+        lease = check.lease(lease)
         if retry_in is not None:
             retry_in = check.non_negative(retry_in, "retry_in")
         data = encode(_describe(error), what="error", limit=self.settings.max_payload_bytes)
@@ -296,6 +304,7 @@ class Queue:
 
     def release(self, lease: Lease, *, front: bool = True) -> None:
         """Give the task back unrun (not counted as a failure or a reclaim), fenced."""
+        lease, front = check.lease(lease), check.flag(front, "front")
         try:
             self.backend.release(lease, front)
         except LeaseLost as exc:
@@ -308,6 +317,7 @@ class Queue:
 
         Progress resets the progress deadline when the queue has a ``progress_timeout``.
         """
+        lease = check.lease(lease)
         limit = self.settings.max_payload_bytes
         progress = None if value is None else encode(value, what="progress", limit=limit)
         saved = None if checkpoint is None else encode(checkpoint, what="checkpoint", limit=limit)
@@ -353,8 +363,10 @@ class Queue:
         Returns:
             How many were requeued.
         """
-        ids = None if task_ids is None else [check.task_id(t) for t in task_ids]
-        return self.backend.requeue_dead(check.queue_name(queue), ids, front)
+        ids = None if task_ids is None else [check.task_id(t) for t in check.items(task_ids, "ids")]
+        return self.backend.requeue_dead(
+            check.queue_name(queue), ids, check.flag(front, "front")
+        )
 
     # -- events ---------------------------------------------------------------------------------
 
@@ -374,6 +386,12 @@ class Queue:
             current_attempt=exc.current_attempt,
             reason=exc.reason,
         )
+
+
+def _pair(item: object) -> tuple[Lease, JSON]:
+    if not isinstance(item, tuple | list) or len(item) != 2:
+        raise InvalidInput(f"complete_many takes (lease, result) pairs, not {type(item).__name__}")
+    return item[0], item[1]
 
 
 def _describe(error: BaseException | str) -> dict[str, JSON]:

@@ -35,11 +35,7 @@ def connect(url: str) -> Backend:
         InvalidURL: the URL is malformed, names an unknown scheme or an unknown option.
         BackendUnavailable: the store cannot be opened.
     """
-    if not isinstance(url, str) or not url:
-        raise InvalidURL(f"backend URL must be a non-empty str, not {redact_url(url)!r}")
-    why = unreadable(url)
-    if why:
-        raise InvalidURL(why)
+    _check_url(url)
     try:
         parts = urlsplit(url)
     except ValueError:
@@ -65,7 +61,8 @@ def connect(url: str) -> Backend:
 
 def connect_async(url: str) -> AsyncBackend:
     """Open the asyncio backend named by ``url`` (same URLs and errors as :func:`connect`)."""
-    scheme = url.split(":", 1)[0].lower() if isinstance(url, str) else ""
+    _check_url(url)
+    scheme = url.split(":", 1)[0].lower()
     native = _native(scheme)
     if native is not None:
         backend: AsyncBackend = native.connect_async(url)
@@ -79,6 +76,18 @@ def connect_async(url: str) -> AsyncBackend:
         # The connection just opened becomes the async face's own; twins are opened on demand.
         return ThreadedAsyncBackend(sync, sync_factory=sync.twin)
     return sync.open_async()
+
+
+def _check_url(url: object) -> None:
+    """Refuse what no store could open: a URL that is not text, or holds a character that no
+    driver passes on (see :func:`agentlease._redact.unreadable`). The URL is quoted back only
+    with its password masked."""
+    if not isinstance(url, str) or not url:
+        what = "an empty str" if url == "" else type(url).__name__
+        raise InvalidURL(f"backend URL must be a non-empty str, not {what}")
+    why = unreadable(url)
+    if why:
+        raise InvalidURL(why)
 
 
 # Backends with their own asyncio driver: scheme -> (module opening it, extra that installs it).

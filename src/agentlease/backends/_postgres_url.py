@@ -85,7 +85,7 @@ PLANNER = (
     "-c enable_seqscan=off -c enable_bitmapscan=off -c enable_hashjoin=off "
     "-c enable_mergejoin=off -c jit=off"
 )
-_SCHEMA = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+_SCHEMA = re.compile(r"[a-z_][a-z0-9_]{0,62}")  # fullmatch: "$" would let a final newline by
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 
@@ -164,14 +164,14 @@ def _replace_option(url: str, key: str, value: str) -> str:
     return _unsplit(parts, urlencode(query))
 
 
-_HOST_PORT = re.compile(r"^(\[[^\]]*\]|[^:\[\]]*)(?::(\d*))?$")
+_HOST_PORT = re.compile(r"(\[[^\]]*\]|[^:\[\]]*)(?::([0-9]*))?")  # ASCII digits: libpq's
 
 
 def _check_hosts(netloc: str) -> None:
     """libpq's host part: ``host[:port]``, or several separated by commas; a host may be empty
     (the default socket), percent-encoded (a socket directory) or an ``[IPv6]`` address."""
     for item in netloc.rpartition("@")[2].split(","):
-        match = _HOST_PORT.match(item)
+        match = _HOST_PORT.fullmatch(item)
         if match is None:
             raise InvalidURL(f"malformed host {item!r} in PostgreSQL URL")
         port = match.group(2)
@@ -252,7 +252,7 @@ def parse(url: str) -> PostgresSettings:
         options[key] = value
 
     schema = options.get("schema", "public")
-    if not _SCHEMA.match(schema) or schema.startswith("pg_"):
+    if not _SCHEMA.fullmatch(schema) or schema.startswith("pg_"):
         raise InvalidURL(
             f"schema must be a lowercase identifier (a-z, 0-9, _; at most 63 characters; not "
             f"pg_*), not {schema!r}"

@@ -71,14 +71,17 @@ end
 -- @helper counter_sweep: batched
 -- The counter's value after deleting its holds that ran out by now (expires_at <= now) and
 -- taking their units out of it (a tombstone has none). The cost is proportional to the expired
--- holds: live ones are never read.
+-- holds: live ones are never read. Each hold's units go back by DECRBY of the stored string, so
+-- Redis does the arithmetic on exact integers (a sum in Lua would be a double).
 local function counter_sweep(counter, holds, expiry, now)
   local gone = redis.call('ZRANGEBYSCORE', expiry, '-inf', now)
   if #gone == 0 then return tonumber(redis.call('GET', counter)) or 0 end
-  local units, back = batched('HMGET', holds, gone), 0
-  for i = 1, #gone do back = back + (tonumber(units[i]) or 0) end
+  local units = batched('HMGET', holds, gone)
+  local value = false
+  for i = 1, #gone do
+    if tonumber(units[i]) then value = redis.call('DECRBY', counter, units[i]) end
+  end
   batched('HDEL', holds, gone)
   batched('ZREM', expiry, gone)
-  if back == 0 then return tonumber(redis.call('GET', counter)) or 0 end
-  return redis.call('DECRBY', counter, back)
+  return value or tonumber(redis.call('GET', counter)) or 0
 end
