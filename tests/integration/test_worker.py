@@ -182,15 +182,17 @@ def test_stop_lets_running_handlers_finish_within_grace() -> None:
     started = threading.Barrier(4)
 
     def handler(ctx: al.JobContext) -> al.JSON:
-        started.wait(5)
+        started.wait(60)  # generous: a loaded machine may start threads slowly
         time.sleep(0.3)
         return "finished"
 
     worker = al.Worker(queue, "q", handler, settings=al.WorkerSettings(concurrency=3))
 
     def stop_when_all_started() -> None:
-        started.wait(5)
-        worker.stop()
+        try:
+            started.wait(60)
+        finally:  # a broken barrier fails the test below, never hangs it
+            worker.stop()
 
     threading.Thread(target=stop_when_all_started).start()
     assert worker.run(handle_signals=False) == 3

@@ -247,6 +247,11 @@ def _ssl_error(library: str, reason: str) -> ssl.SSLError:
             "cannot be used: key values mismatch",
         ),
         (FileNotFoundError(2, "No such file or directory"), "rediss://h:6380/0", "cannot be read"),
+        (  # load_cert_chain on files that are not PEM: library SSL, no reason
+            ssl.SSLError(524297, "[SSL] PEM lib (_ssl.c:3905)"),
+            "rediss://h:6380/0",
+            "cannot be used",
+        ),
     ],
 )
 def test_tls_failures_are_permanent_and_say_why(cause: BaseException, url: str, words: str) -> None:

@@ -58,7 +58,8 @@ def tls_reason(exc: BaseException, *, tls: bool = True) -> str | None:
             continue
         # OpenSSL's words: the attributes the ssl module sets (an error made by hand has none).
         reason = str(getattr(link, "reason", None) or "").lower().replace("_", " ")
-        if getattr(link, "library", None) in ("PEM", "X509"):
+        # load_cert_chain on a file that is not PEM: library SSL, no reason, "PEM lib" in words.
+        if getattr(link, "library", None) in ("PEM", "X509") or "PEM lib" in str(link):
             return (
                 "the TLS files (ssl_ca_certs, ssl_certfile, ssl_keyfile) cannot be used: "
                 f"{reason or link}"
