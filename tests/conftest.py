@@ -83,6 +83,19 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
 
 
 @pytest.fixture
+def state(store: Store) -> Iterator[al.SharedState]:
+    """A SharedState on ``store`` (on memory, sharing the store's one backend)."""
+    s = (
+        al.SharedState(store.backend())
+        if store.kind == "memory"
+        else al.SharedState.connect(store.url)
+    )
+    yield s
+    if store.kind != "memory":
+        s.close()
+
+
+@pytest.fixture
 def served_url_redis() -> Iterator[str]:
     """A fresh key prefix on the shared Redis."""
     problem = _services.redis_problem()

@@ -13,7 +13,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 
@@ -23,14 +23,6 @@ from tests.conftest import Store
 
 TTL = 0.5  # of holds whose holder stops renewing: short, so the tests wait little
 PATIENCE = 20.0  # bound of every wait for a condition (a loaded machine is slow, never wrong)
-
-
-@pytest.fixture
-def state(store: Store) -> Iterator[al.SharedState]:
-    s = another(store)
-    yield s
-    if store.kind != "memory":
-        s.close()
 
 
 def another(store: Store) -> al.SharedState:

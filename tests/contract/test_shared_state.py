@@ -11,7 +11,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 
@@ -36,18 +36,6 @@ REVIEW = StateMachine(
     transitions={"draft": {"review"}, "review": {"draft", "approved"}, "approved": set()},
     initial={"draft"},
 )
-
-
-@pytest.fixture
-def state(store: Store) -> Iterator[al.SharedState]:
-    s = (
-        al.SharedState(store.backend())
-        if store.kind == "memory"
-        else al.SharedState.connect(store.url)
-    )
-    yield s
-    if store.kind != "memory":
-        s.close()
 
 
 def another(store: Store) -> al.SharedState:

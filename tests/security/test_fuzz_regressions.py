@@ -6,7 +6,7 @@ exactly, and a refusal changes nothing.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -18,18 +18,6 @@ from tests.conftest import Store
 from tests.contract.test_counter_holds import frozen, wait_until
 
 MAX = 2**53 - 1  # the largest integer Redis's Lua (doubles) compares exactly
-
-
-@pytest.fixture
-def state(store: Store) -> Iterator[al.SharedState]:
-    s = (
-        al.SharedState(store.backend())
-        if store.kind == "memory"
-        else al.SharedState.connect(store.url)
-    )
-    yield s
-    if store.kind != "memory":
-        s.close()
 
 
 # -- counters: what Lua cannot compare exactly is refused on every store -----------------------
