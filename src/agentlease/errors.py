@@ -39,6 +39,11 @@ Every refusal is one of these classes, so callers can catch exactly what they me
     │   │   ├── SchemaNotMigrated               no agentlease tables (or old ones), migrate=false
     │   │   └── SchemaTooNew                    written by a newer agentlease (both versions)
     │   └── MissingDriver                       the backend's optional extra is not installed
+    ├── ToolUnavailable                         do not call (or retry) this now; data for a planner
+    │   ├── CircuitOpen                         the dependency's circuit breaker is open
+    │   ├── RetryBudgetExhausted                the root task's shared retry budget is spent
+    │   ├── DeadlineExceeded                    the deadline of the work has passed
+    │   └── BudgetExceeded                      a spend reservation would cross its limit
     ├── Cancelled                               the worker stopped the job (shutdown past grace)
     └── WorkerError                             the worker cannot run as configured
 
@@ -57,8 +62,11 @@ __all__ = [
     "BackendError",
     "BackendRefused",
     "BackendUnavailable",
+    "BudgetExceeded",
     "Cancelled",
+    "CircuitOpen",
     "ConflictError",
+    "DeadlineExceeded",
     "DuplicateInFlight",
     "FencedOff",
     "GuardError",
@@ -84,9 +92,11 @@ __all__ = [
     "PermissionDenied",
     "ReplayedFailure",
     "ReservationLost",
+    "RetryBudgetExhausted",
     "SchemaNotMigrated",
     "SchemaTooNew",
     "TLSRefused",
+    "ToolUnavailable",
     "TransitionRefused",
     "UnknownQueue",
     "UnknownTask",
@@ -453,6 +463,172 @@ class MissingDriver(BackendError):
         )
         self.scheme = scheme
         self.extra = extra
+
+
+class ToolUnavailable(AgentLeaseError):
+    """Do not call this tool (or retry it) now: a refusal meant to reach a planner as data.
+
+    A generic failure reads to a model as an invitation to try again; this one says why not and
+    for how long. :meth:`payload` is JSON-serialisable and :meth:`as_tool_result` renders it as
+    the text of a tool result.
+
+    Attributes:
+        reason: ``"circuit_open"``, ``"retry_budget"``, ``"deadline"`` or ``"spend_budget"``.
+        tool: the tool (or function) that was refused, if known.
+        dependency: the dependency behind it (a breaker's name, a budget's scope), if known.
+        retry_after_s: seconds after which asking again may succeed, or ``None`` (never, in
+            this task).
+        do_not_retry: always true: the caller should re-plan, not retry.
+    """
+
+    reason = "unavailable"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        tool: str | None = None,
+        dependency: str | None = None,
+        retry_after_s: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.tool = tool
+        self.dependency = dependency
+        self.retry_after_s = retry_after_s
+        self.do_not_retry = True
+
+    def details(self) -> dict[str, object]:
+        """The subclass's own fields for :meth:`payload` (JSON values)."""
+        return {}
+
+    def payload(self) -> dict[str, object]:
+        """The refusal as a JSON-serialisable dict: ``error``, ``reason``, ``tool``,
+        ``dependency``, ``retry_after_s``, ``do_not_retry``, ``message`` and the subclass's
+        fields."""
+        retry_after = None if self.retry_after_s is None else round(self.retry_after_s, 3)
+        return {
+            "error": type(self).__name__,
+            "reason": self.reason,
+            "tool": self.tool,
+            "dependency": self.dependency,
+            "retry_after_s": retry_after,
+            "do_not_retry": True,
+            "message": self.message,
+            **self.details(),
+        }
+
+    def as_tool_result(self) -> str:
+        """The refusal as the text of a tool result for a model: one plain sentence, then the
+        payload as JSON."""
+        import json
+
+        what = f"The tool {self.tool!r}" if self.tool else "This tool"
+        when = (
+            f" Do not call it again in this task for at least {self.retry_after_s:.0f} s."
+            if self.retry_after_s is not None
+            else " Do not call it again in this task."
+        )
+        return (
+            f"{what} is unavailable ({self.reason}): {self.message}.{when} Re-plan without it."
+            f"\n{json.dumps(self.payload(), sort_keys=True)}"
+        )
+
+
+class CircuitOpen(ToolUnavailable):
+    """The dependency's circuit breaker is open (or its one half-open trial is in flight)."""
+
+    reason = "circuit_open"
+
+    def __init__(
+        self,
+        dependency: str,
+        state: str,
+        failures: int,
+        retry_after_s: float,
+        *,
+        tool: str | None = None,
+    ) -> None:
+        super().__init__(
+            f"the circuit of {dependency!r} is {state.replace('_', '-')} after {failures} "
+            f"consecutive failures",
+            tool=tool,
+            dependency=dependency,
+            retry_after_s=retry_after_s,
+        )
+        self.state = state
+        self.failures = failures
+
+    def details(self) -> dict[str, object]:
+        return {"state": self.state, "failures": self.failures}
+
+
+class RetryBudgetExhausted(ToolUnavailable):
+    """A retry was refused: the root task's shared retry budget is spent
+    (``retries >= max(minimum, calls * ratio)``)."""
+
+    reason = "retry_budget"
+
+    def __init__(
+        self, scope: str, calls: int, retries: int, allowance: float, *, tool: str | None = None
+    ) -> None:
+        super().__init__(
+            f"the retry budget of {scope!r} is spent: {retries} retries for {calls} calls "
+            f"(allowance {allowance:g})",
+            tool=tool,
+            dependency=scope,
+            retry_after_s=None,
+        )
+        self.scope = scope
+        self.calls = calls
+        self.retries = retries
+        self.allowance = allowance
+
+    def details(self) -> dict[str, object]:
+        return {"calls": self.calls, "retries": self.retries, "allowance": self.allowance}
+
+
+class DeadlineExceeded(ToolUnavailable):
+    """The deadline of the work has passed: stop, do not retry (the whole task tree ends)."""
+
+    reason = "deadline"
+
+    def __init__(self, what: str = "the work", *, overdue_s: float = 0.0) -> None:
+        super().__init__(
+            f"the deadline of {what} passed {max(0.0, overdue_s):.3f} s ago",
+            retry_after_s=None,
+        )
+        self.overdue_s = max(0.0, overdue_s)
+
+    def details(self) -> dict[str, object]:
+        return {"overdue_s": round(self.overdue_s, 3)}
+
+
+class BudgetExceeded(ToolUnavailable):
+    """A spend reservation would cross its limit; nothing was reserved."""
+
+    reason = "spend_budget"
+
+    def __init__(self, scope: str, kind: str, limit: int, spent: int, requested: int) -> None:
+        super().__init__(
+            f"the {kind!r} budget of {scope!r} would be crossed: {spent} of {limit} spent or "
+            f"reserved, {requested} more asked",
+            dependency=scope,
+            retry_after_s=None,
+        )
+        self.scope = scope
+        self.kind = kind
+        self.limit = limit
+        self.spent = spent
+        self.requested = requested
+
+    def details(self) -> dict[str, object]:
+        return {
+            "kind": self.kind,
+            "limit": self.limit,
+            "spent": self.spent,
+            "requested": self.requested,
+        }
 
 
 class Cancelled(AgentLeaseError):
