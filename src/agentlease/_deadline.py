@@ -39,6 +39,7 @@ from agentlease.errors import DeadlineExceeded
 __all__ = [
     "Propagated",
     "call_timeout",
+    "cap",
     "check_deadline",
     "current_deadline",
     "current_root",
@@ -100,6 +101,13 @@ def call_timeout(default: float | None = None) -> float | None:
     if left is None:
         return default
     return left if default is None else min(default, left)
+
+
+def cap(give_up: float) -> float:
+    """``give_up`` (a monotonic time) or the deadline in force, whichever comes first: a wait
+    that ends at it then calls :func:`check_deadline`, which raises if it was the deadline."""
+    at = _DEADLINE.get()
+    return give_up if at is None else min(give_up, at)
 
 
 def check_deadline(what: str = "the work") -> None:

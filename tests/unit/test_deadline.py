@@ -121,3 +121,24 @@ def test_tool_unavailable_renders_for_a_model() -> None:
     spend = al.BudgetExceeded("root-1", "usd", 1000, 900, 200)
     assert spend.payload()["limit"] == 1000
     assert "usd" in str(spend)
+
+
+def test_lock_waits_and_idempotent_actions_end_at_the_deadline() -> None:
+    backend = al.MemoryBackend()
+    state = al.SharedState(backend)
+    keys = al.Idempotency(backend)
+    # another owner waits for a held lock: the deadline, not the 30 s timeout, ends the wait
+    with (
+        state.locks(["printer"], timeout=1),
+        al.deadline(0.1),
+        pytest.raises(al.DeadlineExceeded),
+        state.locks(["printer"], timeout=30),
+    ):
+        pass
+    with al.deadline(0.01):
+        time.sleep(0.02)
+        with pytest.raises(al.DeadlineExceeded), al.idempotency_scope(task_id="t1", step="s1"):
+            keys.begin(tool="email", args={"to": "a@example.com"})
+        with pytest.raises(al.DeadlineExceeded):
+            state.locks(["other"], timeout=5).__enter__()
+    assert state.lock_holders(["other"]) == {"other": None}

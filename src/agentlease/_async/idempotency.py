@@ -44,7 +44,7 @@ from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, TypeVar
 
-from agentlease import _scope
+from agentlease import _deadline, _scope
 from agentlease import _validate as check
 from agentlease._codec import JSON, encode
 from agentlease._outcomes import (
@@ -474,9 +474,10 @@ class AsyncIdempotency:
         holder = self._holder(scope)
         if wait is None:
             wait = settings.hold_for + 1.0 if scope.attempt is not None else 0.0
-        give_up = time.monotonic() + check.non_negative(wait, "wait")
+        give_up = _deadline.cap(time.monotonic() + check.non_negative(wait, "wait"))
         pause = 0.02
         while True:
+            _deadline.check_deadline(f"the action {tool or key[:16]!r}")  # never start late
             sent = time.monotonic()
             got = await self.backend.reserve_key(
                 key, fp, holder, settings.hold_for, settings.window
@@ -513,6 +514,7 @@ class AsyncIdempotency:
             retry_after = max(0.0, (got.expires_at or got.now) - got.now)
             left = give_up - time.monotonic()
             if left <= 0:
+                _deadline.check_deadline(f"the action {tool or key[:16]!r}")
                 raise DuplicateInFlight(key, retry_after, got.holder)
             await async_sleep(min(left, retry_after + 0.001, self._rand.uniform(0, pause)))
             pause = min(pause * 2, 1.0)

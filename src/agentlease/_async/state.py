@@ -39,7 +39,7 @@ import time
 from collections.abc import Callable, Iterable
 from types import TracebackType
 
-from agentlease import _guards
+from agentlease import _deadline, _guards
 from agentlease import _validate as check
 from agentlease._codec import DEFAULT_MAX_BYTES, JSON, encode
 from agentlease._policy.transitions import StateMachine
@@ -144,9 +144,10 @@ class AsyncLockSet:
     async def _acquire(self) -> float:
         """Acquire the set; the ``time.monotonic`` at which the successful request was sent."""
         backend, timeout = self._state.backend, self._timeout
-        give_up = time.monotonic() + timeout
+        give_up = _deadline.cap(time.monotonic() + timeout)
         pause = 0.01
         while True:
+            _deadline.check_deadline(f"the lock set {list(self.names)!r}")
             sent = time.monotonic()
             got = await backend.acquire_locks(self.names, self._owner, self._ttl)
             if not isinstance(got, LockBusy):
@@ -154,6 +155,7 @@ class AsyncLockSet:
                 return sent
             left = give_up - time.monotonic()
             if left <= 0:
+                _deadline.check_deadline(f"the lock set {list(self.names)!r}")
                 raise LockTimeout(self.names, timeout, got.name, got.holder)
             await async_sleep(min(left, got.retry_after, self._state._rand.uniform(0, pause)))
             pause = min(pause * 2, 1.0)

@@ -46,7 +46,7 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, TypeVar
 
-from agentlease import _scope
+from agentlease import _deadline, _scope
 from agentlease import _validate as check
 from agentlease._codec import JSON, encode
 from agentlease._outcomes import (
@@ -476,9 +476,10 @@ class Idempotency:
         holder = self._holder(scope)
         if wait is None:
             wait = settings.hold_for + 1.0 if scope.attempt is not None else 0.0
-        give_up = time.monotonic() + check.non_negative(wait, "wait")
+        give_up = _deadline.cap(time.monotonic() + check.non_negative(wait, "wait"))
         pause = 0.02
         while True:
+            _deadline.check_deadline(f"the action {tool or key[:16]!r}")  # never start late
             sent = time.monotonic()
             got = self.backend.reserve_key(
                 key, fp, holder, settings.hold_for, settings.window
@@ -515,6 +516,7 @@ class Idempotency:
             retry_after = max(0.0, (got.expires_at or got.now) - got.now)
             left = give_up - time.monotonic()
             if left <= 0:
+                _deadline.check_deadline(f"the action {tool or key[:16]!r}")
                 raise DuplicateInFlight(key, retry_after, got.holder)
             sync_sleep(min(left, retry_after + 0.001, self._rand.uniform(0, pause)))
             pause = min(pause * 2, 1.0)
