@@ -87,6 +87,7 @@ if TYPE_CHECKING:
         TaskState,
         Versioned,
     )
+    from agentlease._retry import retry
     from agentlease._scope import current_fence, current_key, idempotency_scope
     from agentlease._settings import IdempotencySettings, QueueSettings, WorkerSettings
     from agentlease._sync.holds import CounterHold
@@ -127,6 +128,7 @@ _LAZY = {
     "RetryPolicy": "agentlease._policy.retry",
     "full_jitter": "agentlease._policy.retry",
     "StateMachine": "agentlease._policy.transitions",
+    "retry": "agentlease._retry",
     "Enqueued": "agentlease._records",
     "Job": "agentlease._records",
     "KeyRecord": "agentlease._records",
@@ -264,6 +266,7 @@ __all__ = [
     "idempotent",
     "model_call",
     "remaining",
+    "retry",
     "versioned_update",
 ]
 

@@ -78,6 +78,7 @@ PUBLIC = {
     "check_deadline",
     "deadline",
     "remaining",
+    "retry",
     "Enqueued",
     "Event",
     "InvalidDuration",
