@@ -162,11 +162,8 @@ def _hooks(value: object, what: str, methods: tuple[str, ...]) -> None:
 
 
 def _past_deadline(what: str, message: str) -> DeadlineExceeded:
-    refusal = DeadlineExceeded(what)
     # The deadline has not passed yet: the next sleep would reach it. Say so.
-    refusal.message = message
-    refusal.args = (message,)
-    return refusal
+    return DeadlineExceeded(what, message=message)
 
 
 class Retrying:

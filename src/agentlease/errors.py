@@ -593,9 +593,11 @@ class DeadlineExceeded(ToolUnavailable):
 
     reason = "deadline"
 
-    def __init__(self, what: str = "the work", *, overdue_s: float = 0.0) -> None:
+    def __init__(
+        self, what: str = "the work", *, overdue_s: float = 0.0, message: str | None = None
+    ) -> None:
         super().__init__(
-            f"the deadline of {what} passed {max(0.0, overdue_s):.3f} s ago",
+            message or f"the deadline of {what} passed {max(0.0, overdue_s):.3f} s ago",
             retry_after_s=None,
         )
         self.overdue_s = max(0.0, overdue_s)
