@@ -1,5 +1,6 @@
 """The records that cross the storage seam and reach users: tasks, leases, jobs, stats; the
-reservations and outcomes of idempotency keys; versioned records and lock grants.
+reservations and outcomes of idempotency keys; versioned records and lock grants; the states of
+retry budgets and circuit breakers.
 
 Values are kept as the JSON bytes the store holds and decoded on access, so a backend never
 encodes or decodes and every backend returns byte-identical values.
@@ -14,6 +15,9 @@ from typing import Any, Literal
 from agentlease._codec import JSON, decode
 
 __all__ = [
+    "BreakerState",
+    "BreakerStatus",
+    "BudgetState",
     "Enqueued",
     "Job",
     "KeyHold",
@@ -447,3 +451,45 @@ class Versioned:
 
     value: dict[str, JSON]
     version: int
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetState:
+    """A retry budget after one ``retry_budget`` step.
+
+    Attributes:
+        calls: the calls recorded so far in this budget.
+        retries: the retries granted so far.
+        granted: whether this step granted the retry it asked for (``False`` when it asked for
+            none).
+    """
+
+    calls: int
+    retries: int
+    granted: bool
+
+
+BreakerStatus = Literal["closed", "open", "half_open"]
+"""``closed``: calls go ahead; ``open``: refused until the cool-down ends; ``half_open``: one
+trial call decides whether it closes again."""
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerState:
+    """A circuit breaker as one ``breaker_admit`` or ``breaker_record`` step left it.
+
+    Attributes:
+        state: closed, open or half_open.
+        failures: consecutive failures recorded while closed.
+        fence: the number of the latest half-open trial (only rises; 0 before any).
+        retry_after: seconds until a trial may be admitted: while open, until the cool-down
+            ends; while half-open with a live trial, until that trial's turn runs out; else 0.
+        trial: this ``breaker_admit`` granted the caller the half-open trial numbered ``fence``
+            (always ``False`` from ``breaker_record``).
+    """
+
+    state: BreakerStatus
+    failures: int
+    fence: int
+    retry_after: float
+    trial: bool

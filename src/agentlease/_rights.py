@@ -111,6 +111,8 @@ WORKER_TABLES: dict[str, tuple[str, ...]] = {
     "agentlease_counters": ("SELECT", "INSERT", "UPDATE"),
     "agentlease_counter_holds": ("SELECT", "INSERT", "UPDATE", "DELETE"),
     "agentlease_locks": ("SELECT", "INSERT", "UPDATE"),
+    "agentlease_budgets": ("SELECT", "INSERT", "UPDATE"),
+    "agentlease_breakers": ("SELECT", "INSERT", "UPDATE"),
 }
 """The worker role's privileges on each table of the schema (UPDATE covers row locks too)."""
 
@@ -120,6 +122,9 @@ WORKER_SEQUENCES: dict[str, tuple[str, ...]] = {"agentlease_seq": ("USAGE",)}
 WORKER_FUNCTIONS = (
     "agentlease_acquire_locks",
     "agentlease_add_counter",
+    "agentlease_breaker_admit",
+    "agentlease_breaker_record",
+    "agentlease_breaker_wait",
     "agentlease_claim_ranked",
     "agentlease_complete_many",
     "agentlease_end_hold",
@@ -135,6 +140,8 @@ WORKER_FUNCTIONS = (
     "agentlease_release_locks",
     "agentlease_requeue_dead",
     "agentlease_reserve_key",
+    "agentlease_retry_budget",
+    "agentlease_settle_hold",
     "agentlease_unpark",
     "agentlease_write_record",
 )

@@ -27,6 +27,7 @@ import agentlease as al
 from agentlease import QueueSettings, TaskSpec
 from agentlease.backends._postgres_driver import MIGRATIONS, Q, channel, configure
 from agentlease.backends._postgres_url import parse
+from agentlease.backends.sqlite import SCHEMA_VERSION
 from tests.conftest import Store
 
 QUEUE = "race"
@@ -326,9 +327,10 @@ def test_a_sqlite_database_at_version_3_is_upgraded(tmp_path: Path) -> None:
     finally:
         q.close()
     db = sqlite3.connect(path)
-    assert db.execute("PRAGMA user_version").fetchone() == (5,)
+    assert db.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)
     names = {r[0] for r in db.execute("SELECT name FROM sqlite_master")}
     assert {"agentlease_busy", "agentlease_parked", "agentlease_unpark", "agentlease_keys"} <= names
+    assert {"agentlease_counter_holds", "agentlease_budgets", "agentlease_breakers"} <= names
     db.close()
 
 

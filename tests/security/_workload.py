@@ -95,6 +95,9 @@ def _state(url: str) -> None:
             held.commit()
         with state.hold(counter, 1, limit=10, ttl=5):
             pass  # given back
+        with state.hold(counter, 2, limit=10, ttl=5) as settled:
+            settled.commit(units=1)
+        _budgets(state.backend)
         names = [f"lock:{uuid.uuid4().hex}", f"lock:{uuid.uuid4().hex}"]
         with state.locks(names[:1], timeout=2, ttl=5):  # a set of one
             pass
@@ -102,6 +105,23 @@ def _state(url: str) -> None:
             state.backend.extend_locks(locks.names, locks.owner, 5)  # what its renewals send
             state.lock_holders(names)
         state.sweep_locks()
+
+
+def _budgets(backend: al.Backend) -> None:
+    """Retry budgets and circuit breakers, through the backend (the classes above them send
+    these): every path that writes, and the reads."""
+    budget = f"budget:{uuid.uuid4().hex}"
+    assert backend.retry_budget(budget, 5, True, 0.1, 1, 60).granted
+    backend.retry_budget(budget, 0, False, 0.1, 1, 60)
+    breaker = f"dep:{uuid.uuid4().hex}"
+    backend.breaker_admit(breaker, 5, 60)
+    backend.breaker_record(breaker, 0, False, 2, 60, 60)
+    backend.breaker_record(breaker, 0, True, 2, 60, 60)  # resets the failure
+    assert backend.breaker_record(breaker, 0, False, 1, 0.05, 60).state == "open"
+    time.sleep(0.1)
+    trial = backend.breaker_admit(breaker, 5, 60)
+    assert trial.trial
+    assert backend.breaker_record(breaker, trial.fence, True, 1, 60, 60).state == "closed"
 
 
 def exercise(url: str) -> None:

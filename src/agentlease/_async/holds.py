@@ -11,9 +11,10 @@ clock that the client's shared renewer extends every third of it. When the holde
 (it died, froze, or lost the store) the units go back to the counter ``ttl`` later: every step
 that reads or writes that counter first gives back the units of its holds that ran out, so no
 reaper has to run. Ending the hold either commits it (the units stay taken, as ``reserve`` would
-have left them) or releases it (they go back). Each hold has a random token: a renewal, release
-or commit with the token of a hold that ran out or already ended is refused
-(:class:`~agentlease.errors.HoldLost`) and changes nothing.
+have left them; or, settling, another number of units stays taken in their place: a spend
+reserved with an estimate and settled with the actual amount) or releases it (they go back).
+Each hold has a random token: a renewal, release or commit with the token of a hold that ran out
+or already ended is refused (:class:`~agentlease.errors.HoldLost`) and changes nothing.
 
 As for lock sets, the holder keeps a local deadline on the monotonic clock (``ttl`` after its last
 successful renewal was sent): past it, :meth:`AsyncCounterHold.check` and
@@ -27,6 +28,7 @@ import time
 from types import TracebackType
 from typing import TYPE_CHECKING, Literal
 
+from agentlease import _validate as check
 from agentlease.errors import HoldLost, InvalidInput
 
 if TYPE_CHECKING:
@@ -99,14 +101,24 @@ class AsyncCounterHold:
         if self._ended is None and time.monotonic() >= self._deadline:
             raise HoldLost(self.name, self.units, "its TTL passed here without a renewal")
 
-    async def commit(self) -> None:
+    async def commit(self, units: int | None = None) -> None:
         """Keep the units taken for good, as :meth:`~AsyncSharedState.reserve` would have (give
         them back later with :meth:`~AsyncSharedState.release`), and stop renewing.
+
+        Args:
+            units: settle instead: keep this many units taken in place of those held (more or
+                fewer), in the same atomic step, so the counter moves by ``units - held``. No
+                limit is checked: the hold reserved the room, and the actual amount is what it
+                is. ``None`` keeps the units held.
 
         Raises:
             HoldLost: the hold ran out (in the store, or past its local deadline) or already
                 ended; nothing was taken, and the units are back in the counter.
+            InvalidInput: ``units`` is not an int from 0 to the counters' range; nothing
+                changed and the hold is still held.
         """
+        if units is not None:
+            units = check.integer(units, "units", low=0, high=check.EXACT_INT)
         if self._ended is not None:
             raise HoldLost(self.name, self.units, f"it was already {self._ended}")
         lost = await self._stop_renewing()
@@ -118,7 +130,7 @@ class AsyncCounterHold:
             await backend.release_hold(self.name, self.token)  # give the units back now
             raise HoldLost(self.name, self.units, "its TTL passed here without a renewal")
         self._ended = "committed"  # if the call fails, the hold runs out: never released twice
-        if not await backend.commit_hold(self.name, self.token):
+        if not await backend.commit_hold(self.name, self.token, units):
             raise self._lost("it ran out before the commit")
 
     async def release(self) -> None:

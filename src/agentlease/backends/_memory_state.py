@@ -1,5 +1,5 @@
 """The memory backend's shared-state guards: versioned records, bounded counters (and their
-holds), lock sets.
+holds), lock sets; retry budgets and circuit breakers (their steps are those of ``_budgets.py``).
 
 Every method is called with the backend's lock held and the store's ``now``, so each one is one
 atomic step. Expired locks, and each counter's expired holds, are found through a heap by expiry
@@ -15,7 +15,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from agentlease._policy.writes import applied, check_write
-from agentlease._records import LockBusy, RecordWrite, StateRecord
+from agentlease._records import BreakerState, BudgetState, LockBusy, RecordWrite, StateRecord
+from agentlease.backends._budgets import (
+    BreakerRow,
+    BudgetRow,
+    admit_step,
+    budget_step,
+    live,
+    record_step,
+)
 from agentlease.errors import LimitReached
 
 __all__ = ["MemoryState", "StateTables"]
@@ -40,9 +48,12 @@ class _Holds:
 
 @dataclass(slots=True)
 class StateTables:
-    """Records, counters, counter holds and locks held in memory."""
+    """Records, counters, counter holds, locks, retry budgets and breakers held in memory.
+    Expired budgets and breakers stay until their key is written again (then overwritten)."""
 
     records: dict[str, StateRecord] = field(default_factory=dict)
+    budgets: dict[str, BudgetRow] = field(default_factory=dict)
+    breakers: dict[str, BreakerRow] = field(default_factory=dict)
     counters: dict[str, int] = field(default_factory=dict)
     locks: dict[str, _Lock] = field(default_factory=dict)
     expiries: list[tuple[float, str]] = field(default_factory=list)
@@ -104,17 +115,59 @@ class StateTables:
         heapq.heappush(holds.expiries, (now + ttl, token))
         return True
 
-    def end_hold(self, name: str, token: str, commit: bool, now: float) -> bool:
+    def end_hold(
+        self, name: str, token: str, commit: bool, now: float, settle: int | None = None
+    ) -> bool:
         self.counter(name, now)
         holds = self.holds.get(name)
         if holds is None or token not in holds.live:
             return False
         units, _ = holds.live.pop(token)
-        if not commit:
-            self.counters[name] = self.counters.get(name, 0) - units
+        kept = 0 if not commit else units if settle is None else settle  # taken for good
+        if kept != units:
+            self.counters[name] = self.counters.get(name, 0) - units + kept
         if not holds.live:
             del self.holds[name]
         return True
+
+    def retry_budget(
+        self,
+        key: str,
+        calls: int,
+        retry: bool,
+        ratio: float,
+        minimum: int,
+        ttl: float,
+        now: float,
+    ) -> BudgetState:
+        row, state = budget_step(
+            live(self.budgets.get(key), now), now, calls, retry, ratio, minimum, ttl
+        )
+        if row is not None:
+            self.budgets[key] = row
+        return state
+
+    def breaker_admit(self, key: str, trial_for: float, ttl: float, now: float) -> BreakerState:
+        row, state = admit_step(live(self.breakers.get(key), now), now, trial_for, ttl)
+        if row is not None:
+            self.breakers[key] = row
+        return state
+
+    def breaker_record(
+        self,
+        key: str,
+        fence: int,
+        ok: bool,
+        threshold: int,
+        cooldown: float,
+        ttl: float,
+        now: float,
+    ) -> BreakerState:
+        current = live(self.breakers.get(key), now)
+        row, state = record_step(current, now, fence, ok, threshold, cooldown, ttl)
+        if row is not None:
+            self.breakers[key] = row
+        return state
 
     def _held_by(self, name: str, now: float) -> _Lock | None:
         lock = self.locks.get(name)
@@ -182,8 +235,9 @@ class StateTables:
 
 
 class MemoryState:
-    """The ``*_record``, ``*_counter``, ``*_hold`` and ``*_locks`` primitives of the memory
-    backend (a base of the backend class), each under the backend's lock."""
+    """The ``*_record``, ``*_counter``, ``*_hold``, ``*_locks``, ``retry_budget`` and
+    ``breaker_*`` primitives of the memory backend (a base of the backend class), each under the
+    backend's lock."""
 
     if TYPE_CHECKING:
         _lock: threading.RLock
@@ -218,9 +272,9 @@ class MemoryState:
         with self._lock:
             return self._state.end_hold(name, token, False, self._clock())
 
-    def commit_hold(self, name: str, token: str) -> bool:
+    def commit_hold(self, name: str, token: str, units: int | None = None) -> bool:
         with self._lock:
-            return self._state.end_hold(name, token, True, self._clock())
+            return self._state.end_hold(name, token, True, self._clock(), units)
 
     def acquire_locks(self, names: Sequence[str], owner: str, ttl: float) -> list[int] | LockBusy:
         with self._lock:
@@ -241,3 +295,20 @@ class MemoryState:
     def sweep_locks(self, limit: int) -> int:
         with self._lock:
             return self._state.sweep(limit, self._clock())
+
+    def retry_budget(
+        self, key: str, calls: int, retry: bool, ratio: float, minimum: int, ttl: float
+    ) -> BudgetState:
+        with self._lock:
+            return self._state.retry_budget(key, calls, retry, ratio, minimum, ttl, self._clock())
+
+    def breaker_admit(self, key: str, trial_for: float, ttl: float) -> BreakerState:
+        with self._lock:
+            return self._state.breaker_admit(key, trial_for, ttl, self._clock())
+
+    def breaker_record(
+        self, key: str, fence: int, ok: bool, threshold: int, cooldown: float, ttl: float
+    ) -> BreakerState:
+        with self._lock:
+            now = self._clock()
+            return self._state.breaker_record(key, fence, ok, threshold, cooldown, ttl, now)

@@ -1,5 +1,5 @@
 """The SQLite backend's shared-state guards: versioned records, bounded counters and their
-holds, lock sets.
+holds, lock sets; retry budgets and circuit breakers.
 
 Tables (schema version 3, ``sql/sqlite.sql``): ``agentlease_records`` (version, fence,
 updated_at per key) with ``agentlease_record_fields`` (one JSON value per field),
@@ -7,6 +7,8 @@ updated_at per key) with ``agentlease_record_fields`` (one JSON value per field)
 so a lock's fence only rises) with a partial index on ``expires_at`` for the sweep. Schema
 version 5 adds ``agentlease_counter_holds`` (counter, token, units, expiry), indexed by counter
 then expiry: every write of a counter first deletes its expired holds and takes their units out.
+Schema version 6 adds ``agentlease_budgets`` and ``agentlease_breakers``, one row per key with an
+``expires_at``; an expired row counts as absent and is overwritten at the key's next write.
 
 Atomicity: ``write_record``, ``add_counter``, ``hold_counter``, ``release_hold``,
 ``commit_hold`` and ``acquire_locks`` are one ``BEGIN IMMEDIATE`` transaction each, which holds
@@ -18,6 +20,14 @@ have); a set of one lock is taken by one ``INSERT ... ON CONFLICT DO UPDATE ... 
 ``release_locks`` (one statement by name for a set of one) and ``sweep_locks`` are one statement
 each; the reads are one statement each (one snapshot; ``get_counter`` leaves out the units of
 expired holds).
+
+``retry_budget``, ``breaker_admit`` and ``breaker_record`` decide with the steps of
+``_budgets.py``: a step that may write reads and writes in one ``BEGIN IMMEDIATE`` transaction;
+the healthy paths (admitting to a closed breaker, a success with no failures to reset) and a
+budget step that records nothing are one read and write nothing. An admit or a record first reads
+outside any transaction, and only when that read says a write is due takes the write lock, reads
+again and decides on what it holds (so of many admits that find a cool-down over, one takes the
+trial and the others find it taken).
 """
 
 from __future__ import annotations
@@ -31,7 +41,15 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from agentlease._policy.writes import applied, check_write
-from agentlease._records import LockBusy, RecordWrite, StateRecord
+from agentlease._records import BreakerState, BudgetState, LockBusy, RecordWrite, StateRecord
+from agentlease.backends._budgets import (
+    BreakerRow,
+    BudgetRow,
+    admit_step,
+    budget_step,
+    live,
+    record_step,
+)
 from agentlease.backends._sqlfile import queries
 from agentlease.errors import LimitReached
 
@@ -61,6 +79,28 @@ def _swept(db: sqlite3.Connection, name: str, now: float) -> int:
     return value
 
 
+def _budget(db: sqlite3.Connection, key: str, now: float) -> BudgetRow | None:
+    row = db.execute(Q["budget_get"], {"key": key}).fetchone()
+    return None if row is None else live(BudgetRow(*row), now)
+
+
+def _breaker(db: sqlite3.Connection, key: str, now: float) -> BreakerRow | None:
+    row = db.execute(Q["breaker_get"], {"key": key}).fetchone()
+    return None if row is None else live(BreakerRow(*row), now)
+
+
+def _put_breaker(db: sqlite3.Connection, key: str, row: BreakerRow) -> None:
+    params = {
+        "key": key,
+        "state": row.state,
+        "failures": row.failures,
+        "fence": row.fence,
+        "until": row.until,
+        "expires_at": row.expires_at,
+    }
+    db.execute(Q["breaker_put"], params)
+
+
 def _names(names: Sequence[str]) -> bytes:
     return orjson.dumps(list(names))
 
@@ -72,8 +112,8 @@ def _missing(names: Sequence[str], rows: list[Any]) -> list[str]:
 
 
 class SQLiteState:
-    """The ``*_record``, ``*_counter``, ``*_hold`` and ``*_locks`` primitives of the SQLite
-    backend (a base of the backend class)."""
+    """The ``*_record``, ``*_counter``, ``*_hold``, ``*_locks``, ``retry_budget`` and
+    ``breaker_*`` primitives of the SQLite backend (a base of the backend class)."""
 
     if TYPE_CHECKING:
 
@@ -145,19 +185,22 @@ class SQLiteState:
             return db.execute(Q["hold_extend"], params).rowcount == 1
 
     def release_hold(self, name: str, token: str) -> bool:
-        return self._end_hold(name, token, commit=False)
+        return self._end_hold(name, token, 0)
 
-    def commit_hold(self, name: str, token: str) -> bool:
-        return self._end_hold(name, token, commit=True)
+    def commit_hold(self, name: str, token: str, units: int | None = None) -> bool:
+        return self._end_hold(name, token, units)
 
-    def _end_hold(self, name: str, token: str, *, commit: bool) -> bool:
+    def _end_hold(self, name: str, token: str, kept: int | None) -> bool:
+        """End the hold, keeping ``kept`` units taken for good (``None``: those it held; a
+        release keeps 0)."""
         with self._step(write=True) as db:
             value = _swept(db, name, time.time())  # an expired hold is gone after this
             row = db.execute(Q["hold_end"], {"name": name, "token": token}).fetchone()
             if row is None:
                 return False
-            if not commit:
-                db.execute(Q["counter_set"], {"name": name, "value": value - int(row[0])})
+            held = int(row[0])
+            if kept is not None and kept != held:
+                db.execute(Q["counter_set"], {"name": name, "value": value - held + kept})
         return True
 
     # -- lock sets ------------------------------------------------------------------------------
@@ -218,3 +261,46 @@ class SQLiteState:
     def sweep_locks(self, limit: int) -> int:
         with self._step(write=False) as db:  # one statement
             return db.execute(Q["locks_sweep"], {"now": time.time(), "limit": limit}).rowcount
+
+    # -- retry budgets and circuit breakers -----------------------------------------------------
+
+    def retry_budget(
+        self, key: str, calls: int, retry: bool, ratio: float, minimum: int, ttl: float
+    ) -> BudgetState:
+        with self._step(write=calls > 0 or retry) as db:  # a step that may write: one lock
+            now = time.time()
+            row, state = budget_step(_budget(db, key, now), now, calls, retry, ratio, minimum, ttl)
+            if row is not None:
+                params = {"key": key, "calls": row.calls, "retries": row.retries}
+                db.execute(Q["budget_put"], {**params, "expires_at": row.expires_at})
+        return state
+
+    def breaker_admit(self, key: str, trial_for: float, ttl: float) -> BreakerState:
+        with self._step(write=False) as db:  # the healthy path: one read
+            now = time.time()
+            row, state = admit_step(_breaker(db, key, now), now, trial_for, ttl)
+        if row is None:
+            return state
+        with self._step(write=True) as db:  # a trial looks due: decide again under the lock
+            now = time.time()
+            row, state = admit_step(_breaker(db, key, now), now, trial_for, ttl)
+            if row is not None:
+                _put_breaker(db, key, row)
+        return state
+
+    def breaker_record(
+        self, key: str, fence: int, ok: bool, threshold: int, cooldown: float, ttl: float
+    ) -> BreakerState:
+        with self._step(write=False) as db:  # a success with no failures to reset: one read
+            now = time.time()
+            current = _breaker(db, key, now)
+            row, state = record_step(current, now, fence, ok, threshold, cooldown, ttl)
+        if row is None:
+            return state
+        with self._step(write=True) as db:
+            now = time.time()
+            current = _breaker(db, key, now)
+            row, state = record_step(current, now, fence, ok, threshold, cooldown, ttl)
+            if row is not None:
+                _put_breaker(db, key, row)
+        return state

@@ -15,6 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
 from agentlease._records import (
+    BreakerState,
+    BudgetState,
     Enqueued,
     Job,
     KeyHold,
@@ -178,8 +180,8 @@ class ThreadedAsyncBackend:
     async def release_hold(self, name: str, token: str) -> bool:
         return await self._run(self._sync.release_hold, name, token)
 
-    async def commit_hold(self, name: str, token: str) -> bool:
-        return await self._run(self._sync.commit_hold, name, token)
+    async def commit_hold(self, name: str, token: str, units: int | None = None) -> bool:
+        return await self._run(self._sync.commit_hold, name, token, units)
 
     async def acquire_locks(
         self, names: Sequence[str], owner: str, ttl: float
@@ -197,6 +199,19 @@ class ThreadedAsyncBackend:
 
     async def sweep_locks(self, limit: int) -> int:
         return await self._run(self._sync.sweep_locks, limit)
+
+    async def retry_budget(
+        self, key: str, calls: int, retry: bool, ratio: float, minimum: int, ttl: float
+    ) -> BudgetState:
+        return await self._run(self._sync.retry_budget, key, calls, retry, ratio, minimum, ttl)
+
+    async def breaker_admit(self, key: str, trial_for: float, ttl: float) -> BreakerState:
+        return await self._run(self._sync.breaker_admit, key, trial_for, ttl)
+
+    async def breaker_record(
+        self, key: str, fence: int, ok: bool, threshold: int, cooldown: float, ttl: float
+    ) -> BreakerState:
+        return await self._run(self._sync.breaker_record, key, fence, ok, threshold, cooldown, ttl)
 
     async def close(self) -> None:
         if self._executor is None:

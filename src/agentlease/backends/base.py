@@ -35,6 +35,19 @@ A counter hold (``*_hold`` primitives) is a reservation with a lease: its units 
 counter while it lives, and every step that touches the counter first gives back the units of
 its holds that ran out, so no reaper is needed for capacity to come back.
 Lock names share one namespace per store (on Redis Cluster: one hash tag, so one shard).
+``commit_hold`` may settle a hold: keep another number of units than it held, the counter moving
+by the difference in the same step (a spend reserved with an estimate, settled with the actual).
+
+Retry budgets and circuit breakers (``retry_budget``, ``breaker_*``) are one small record per
+key, each primitive one atomic step on it (one Lua script, one PostgreSQL function call, one
+``BEGIN IMMEDIATE`` transaction, one critical section), with times from the store's clock. A
+record expires ``ttl`` seconds after its last write; an expired record counts as absent (Redis
+deletes it itself; the SQL stores overwrite the row at its next write). The healthy paths write
+nothing: admitting a call to a closed breaker is a read, and so is recording a success that has
+no failure count to reset. A half-open breaker admits exactly one trial per window, numbered by a
+fence that only rises; an outcome reported with any other fence (a trial that lost its turn, a
+slow call admitted before the circuit opened) changes nothing. The decisions are written out in
+``_budgets.py``, which the memory and SQLite backends run as they are.
 """
 
 from __future__ import annotations
@@ -43,6 +56,8 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from agentlease._records import (
+    BreakerState,
+    BudgetState,
     Enqueued,
     Job,
     KeyHold,
@@ -272,10 +287,15 @@ class Backend(Protocol):
         ``False`` (and nothing changed) if ``token`` holds nothing of the counter."""
         ...
 
-    def commit_hold(self, name: str, token: str) -> bool:
+    def commit_hold(self, name: str, token: str, units: int | None = None) -> bool:
         """End a live hold and keep its units taken for good (as ``add_counter`` would have),
         in one atomic step; ``False`` (and nothing changed) if ``token`` holds nothing of the
-        counter."""
+        counter.
+
+        With ``units`` (>= 0), settle instead: keep ``units`` taken rather than the units held,
+        so the counter's value moves by ``units - held`` in the same step, with no bound
+        checked (the hold reserved the room; the actual amount is what it is).
+        """
         ...
 
     def acquire_locks(self, names: Sequence[str], owner: str, ttl: float) -> list[int] | LockBusy:
@@ -308,6 +328,52 @@ class Backend(Protocol):
     def sweep_locks(self, limit: int) -> int:
         """Free up to ``limit`` locks whose lease has passed, through an index on expiry;
         returns how many. (Acquisition treats them as free anyway; this keeps reads tidy.)"""
+        ...
+
+    # -- retry budgets and circuit breakers ------------------------------------------------------
+
+    def retry_budget(
+        self, key: str, calls: int, retry: bool, ratio: float, minimum: int, ttl: float
+    ) -> BudgetState:
+        """Record calls, and ask for a retry, against the budget ``key``, in one atomic step.
+
+        Adds ``calls`` (>= 0) to the budget's call count (an absent or expired budget: 0 calls,
+        0 retries); then, if ``retry``, grants one retry iff ``retries < max(minimum, calls *
+        ratio)`` (the calls counted after the addition), adding it to ``retries``. A step that
+        changed a count sets the record's expiry to ``now + ttl`` (store clock); one that
+        changed nothing writes nothing.
+        """
+        ...
+
+    def breaker_admit(self, key: str, trial_for: float, ttl: float) -> BreakerState:
+        """Whether a call to the dependency behind breaker ``key`` may go ahead, in one atomic
+        step.
+
+        Absent or expired: closed with no failures, and nothing is written. Closed: its state,
+        nothing written (the healthy path is a read). Open with ``now < open_until``: open with
+        ``retry_after``, nothing written. Open past ``open_until``, or half-open whose trial's
+        turn ran out (``trial_until <= now``: the trial never reported): becomes half-open,
+        ``fence + 1``, ``trial_until = now + trial_for``, expiry ``now + ttl``, and returns
+        ``trial=True`` with the new fence. Half-open with a live trial: ``trial=False`` and
+        ``retry_after = trial_until - now``. Exactly one caller, across every process, gets
+        ``trial=True`` per half-open window.
+        """
+        ...
+
+    def breaker_record(
+        self, key: str, fence: int, ok: bool, threshold: int, cooldown: float, ttl: float
+    ) -> BreakerState:
+        """Report a call's outcome to breaker ``key``, in one atomic step; returns the state
+        after it (``trial=False``).
+
+        ``fence == 0`` (a call admitted while closed): while closed, a success resets the
+        failures (written only if there were any), a failure adds one and, at ``threshold``,
+        opens the breaker until ``now + cooldown``; while open or half-open it changes nothing
+        (a slow call admitted before the circuit opened can neither close nor reopen it).
+        ``fence > 0`` (a half-open trial): only the current trial of a half-open breaker counts:
+        success closes it with no failures, failure reopens it until ``now + cooldown``; any
+        other fence changes nothing. Every write sets the expiry to ``now + ttl``.
+        """
         ...
 
     def close(self) -> None:
@@ -373,7 +439,7 @@ class AsyncBackend(Protocol):
     ) -> int: ...
     async def extend_hold(self, name: str, token: str, ttl: float) -> bool: ...
     async def release_hold(self, name: str, token: str) -> bool: ...
-    async def commit_hold(self, name: str, token: str) -> bool: ...
+    async def commit_hold(self, name: str, token: str, units: int | None = None) -> bool: ...
     async def acquire_locks(
         self, names: Sequence[str], owner: str, ttl: float
     ) -> list[int] | LockBusy: ...
@@ -381,6 +447,13 @@ class AsyncBackend(Protocol):
     async def release_locks(self, names: Sequence[str], owner: str) -> list[str]: ...
     async def lock_holders(self, names: Sequence[str]) -> list[tuple[str, float] | None]: ...
     async def sweep_locks(self, limit: int) -> int: ...
+    async def retry_budget(
+        self, key: str, calls: int, retry: bool, ratio: float, minimum: int, ttl: float
+    ) -> BudgetState: ...
+    async def breaker_admit(self, key: str, trial_for: float, ttl: float) -> BreakerState: ...
+    async def breaker_record(
+        self, key: str, fence: int, ok: bool, threshold: int, cooldown: float, ttl: float
+    ) -> BreakerState: ...
     async def close(self) -> None: ...
 
     async def wait_for_work(self, queue: str, timeout: float) -> None:

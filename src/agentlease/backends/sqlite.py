@@ -72,10 +72,11 @@ __all__ = ["SQLiteBackend"]
 
 Q = queries("agentlease.backends.sql", "sqlite.sql")
 # 1: tasks and queues; 2: idempotency keys; 3: records, counters and locks; 4: partitions; 5:
-# counter holds. The schema is all "IF NOT EXISTS", so a database at an older version is brought
-# up to date by running it again, after the upgrade_to_<version> steps that change tables it
-# already has (version 5 only adds a table: it needs none).
-SCHEMA_VERSION = 5
+# counter holds; 6: retry budgets and circuit breakers. The schema is all "IF NOT EXISTS", so a
+# database at an older version is brought up to date by running it again, after the
+# upgrade_to_<version> steps that change tables it already has (versions 5 and 6 only add
+# tables: they need none).
+SCHEMA_VERSION = 6
 
 
 def _translate(path: str, exc: sqlite3.Error) -> BackendError:

@@ -1,5 +1,5 @@
 """The PostgreSQL backend's shared-state guards: versioned records, bounded counters and their
-holds, lock sets.
+holds, lock sets; retry budgets and circuit breakers.
 
 Written once for asyncio; ``backends/_sync/postgres_state.py`` is generated from it.
 
@@ -27,6 +27,10 @@ one round trip (but a busy set of one lock: two), each atomic under READ COMMITT
   finds the lock busy then calls the function, which says who holds it (or takes it, if it
   came free meanwhile).
 * ``lock_holders``, ``get_record`` and ``sweep_locks`` are one statement each.
+* ``retry_budget``, ``breaker_admit`` and ``breaker_record`` call one function each
+  (``0007_budgets.sql``), and so does ``commit_hold`` with ``units`` (``agentlease_settle_hold``).
+  Their healthy paths are one plain read; a step that may write locks the row and decides again
+  on what it holds.
 
 Field values are ``bytea``, sent as memoryviews (the pool's connections send ``bytes`` as json).
 """
@@ -37,7 +41,14 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, LiteralString
 
 from agentlease._policy.writes import check_write
-from agentlease._records import LockBusy, RecordWrite, StateRecord
+from agentlease._records import (
+    BreakerState,
+    BreakerStatus,
+    BudgetState,
+    LockBusy,
+    RecordWrite,
+    StateRecord,
+)
 from agentlease.backends._postgres_driver import Q
 from agentlease.errors import BackendError, LimitReached
 
@@ -60,6 +71,18 @@ def _record(
     return StateRecord(key, version, fields, fence, updated_at)
 
 
+_BREAKER_STATES: dict[str, BreakerStatus] = {
+    "closed": "closed",
+    "open": "open",
+    "half_open": "half_open",
+}
+
+
+def _breaker(rows: list[Row]) -> BreakerState:
+    ((state, failures, fence, retry_after, trial),) = rows
+    return BreakerState(_BREAKER_STATES[state], failures, fence, retry_after, trial)
+
+
 def _missing(names: Sequence[str], rows: list[Row]) -> list[str]:
     """The names of the set that the call did not touch (it returned the others)."""
     touched = {name for (name,) in rows}
@@ -67,8 +90,8 @@ def _missing(names: Sequence[str], rows: list[Row]) -> list[str]:
 
 
 class PostgresState:
-    """The ``*_record``, ``*_counter``, ``*_hold`` and ``*_locks`` primitives of the PostgreSQL
-    backend (a base of the backend class)."""
+    """The ``*_record``, ``*_counter``, ``*_hold``, ``*_locks``, ``retry_budget`` and
+    ``breaker_*`` primitives of the PostgreSQL backend (a base of the backend class)."""
 
     if TYPE_CHECKING:
 
@@ -140,7 +163,10 @@ class PostgresState:
         params = {"name": name, "token": token, "commit": False}
         return bool((await self._fetch(Q["hold_end"], params))[0][0])
 
-    async def commit_hold(self, name: str, token: str) -> bool:
+    async def commit_hold(self, name: str, token: str, units: int | None = None) -> bool:
+        if units is not None:
+            settle = {"name": name, "token": token, "units": units}
+            return bool((await self._fetch(Q["hold_settle"], settle))[0][0])
         params = {"name": name, "token": token, "commit": True}
         return bool((await self._fetch(Q["hold_end"], params))[0][0])
 
@@ -180,3 +206,36 @@ class PostgresState:
 
     async def sweep_locks(self, limit: int) -> int:
         return await self._write(Q["locks_sweep"], {"limit": limit})
+
+    # -- retry budgets and circuit breakers -----------------------------------------------------
+
+    async def retry_budget(
+        self, key: str, calls: int, retry: bool, ratio: float, minimum: int, ttl: float
+    ) -> BudgetState:
+        params = {
+            "key": key,
+            "calls": calls,
+            "retry": retry,
+            "ratio": float(ratio),
+            "minimum": minimum,
+            "ttl": float(ttl),
+        }
+        ((total, retries, granted),) = await self._fetch(Q["retry_budget"], params)
+        return BudgetState(int(total), int(retries), bool(granted))
+
+    async def breaker_admit(self, key: str, trial_for: float, ttl: float) -> BreakerState:
+        params = {"key": key, "trial_for": float(trial_for), "ttl": float(ttl)}
+        return _breaker(await self._fetch(Q["breaker_admit"], params))
+
+    async def breaker_record(
+        self, key: str, fence: int, ok: bool, threshold: int, cooldown: float, ttl: float
+    ) -> BreakerState:
+        params = {
+            "key": key,
+            "fence": fence,
+            "ok": ok,
+            "threshold": threshold,
+            "cooldown": float(cooldown),
+            "ttl": float(ttl),
+        }
+        return _breaker(await self._fetch(Q["breaker_record"], params))

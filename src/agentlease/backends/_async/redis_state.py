@@ -1,11 +1,14 @@
 """The Redis backend's shared-state guards: versioned records, bounded counters and their holds,
-lock sets.
+lock sets; retry budgets and circuit breakers.
 
 Written once for asyncio; ``backends/_sync/redis_state.py`` is generated from it.
 
 A record is the hash ``<prefix>:rec:{<key>}`` and a counter the string ``<prefix>:ctr:{<name>}``:
 each is its own hash tag, so they spread over a Redis Cluster and each script touches one record
 or one counter (with its holds, which share the counter's hash tag).
+A retry budget is the hash ``<prefix>:bud:{<key>}`` and a circuit breaker the hash
+``<prefix>:brk:{<key>}``, each its own hash tag, one script per primitive, each write moving the
+key's expiry to ``ttl`` after it (Redis deletes it then).
 Every lock key shares the hash tag ``{<prefix>:locks}``, so a lock set of any names is one script
 on one shard: on a cluster, all the locks of a store live on one shard. The layout is drawn in
 :mod:`agentlease.backends.lua`. Times come from ``redis.call('TIME')`` inside the scripts.
@@ -20,19 +23,33 @@ connection mid-call raises BackendUnavailable (the write may or may not have bee
 version check would refuse a resent compare-and-set, but a blind write or an addition would be
 applied twice, and a nonce kept in the record or counter would recognise a resend only if no
 other writer came in between.
+
+A budget step and a breaker outcome are not resent either (a resent failure would count twice,
+a resent retry would take two). An admission is: the closed, open and half-open paths are reads,
+and a resend of one that granted the trial finds that trial live and answers ``trial=False``:
+nobody runs the window's trial, and the next one opens when its turn (``trial_for``) runs out.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Sequence
 from typing import Any
 
 import orjson
 
-from agentlease._records import LockBusy, RecordWrite, StateRecord
+from agentlease._records import BreakerState, BudgetState, LockBusy, RecordWrite, StateRecord
 from agentlease.backends._async.redis_link import RedisLink
-from agentlease.backends.lua import counter_keys, lock_keys, record_hash, state_record_from
+from agentlease.backends.lua import (
+    breaker_hash,
+    breaker_state_from,
+    budget_hash,
+    counter_keys,
+    lock_keys,
+    record_hash,
+    state_record_from,
+)
 from agentlease.errors import ConflictError, FencedOff, GuardError, LimitReached, TransitionRefused
 
 __all__ = ["RedisState"]
@@ -61,8 +78,8 @@ def _decoded(data: bytes | None) -> object:
 
 
 class RedisState:
-    """The ``*_record``, ``*_counter``, ``*_hold`` and ``*_locks`` primitives of the Redis
-    backend (a base of the backend class)."""
+    """The ``*_record``, ``*_counter``, ``*_hold``, ``*_locks``, ``retry_budget`` and
+    ``breaker_*`` primitives of the Redis backend (a base of the backend class)."""
 
     _link: RedisLink
     _prefix: str
@@ -128,9 +145,10 @@ class RedisState:
         keys = counter_keys(self._prefix, name)
         return bool(await self._link.script("hold_release", keys, (token,), retry=True))
 
-    async def commit_hold(self, name: str, token: str) -> bool:
+    async def commit_hold(self, name: str, token: str, units: int | None = None) -> bool:
         keys = counter_keys(self._prefix, name)
-        return bool(await self._link.script("hold_commit", keys, (token,), retry=True))
+        args = (token, "" if units is None else units)
+        return bool(await self._link.script("hold_commit", keys, args, retry=True))
 
     # -- lock sets -------------------------------------------------------------------------------
 
@@ -179,6 +197,35 @@ class RedisState:
         keys = lock_keys(self._prefix).sweep
         count: int = await self._link.script("locks_sweep", keys, (limit,), retry=True)
         return count
+
+    # -- retry budgets and circuit breakers ------------------------------------------------------
+
+    async def retry_budget(
+        self, key: str, calls: int, retry: bool, ratio: float, minimum: int, ttl: float
+    ) -> BudgetState:
+        keys = (budget_hash(self._prefix, key),)
+        args = (calls, "1" if retry else "0", _ratio(ratio), minimum, float(ttl))
+        total, retries, granted = await self._link.script("retry_budget", keys, args, retry=False)
+        return BudgetState(int(total), int(retries), granted == 1)
+
+    async def breaker_admit(self, key: str, trial_for: float, ttl: float) -> BreakerState:
+        keys = (breaker_hash(self._prefix, key),)
+        args = (float(trial_for), float(ttl))
+        return breaker_state_from(await self._link.script("breaker_admit", keys, args, retry=True))
+
+    async def breaker_record(
+        self, key: str, fence: int, ok: bool, threshold: int, cooldown: float, ttl: float
+    ) -> BreakerState:
+        keys = (breaker_hash(self._prefix, key),)
+        args = (fence, "1" if ok else "0", threshold, float(cooldown), float(ttl))
+        reply = await self._link.script("breaker_record", keys, args, retry=False)
+        return breaker_state_from(reply)
+
+
+def _ratio(ratio: float) -> float:
+    """A budget's ratio as the script reads it: NaN (which Lua may not parse) grants nothing
+    beyond the minimum on every store, as 0 does."""
+    return 0.0 if math.isnan(ratio) else float(ratio)
 
 
 def _refusal(key: str, write: RecordWrite, reply: list[Any]) -> GuardError:

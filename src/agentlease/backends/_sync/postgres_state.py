@@ -1,7 +1,7 @@
 # Generated from agentlease/backends/_async/postgres_state.py by scripts/unasync.py. DO NOT EDIT.
 # Edit the asyncio source and run: python scripts/unasync.py
 """The PostgreSQL backend's shared-state guards: versioned records, bounded counters and their
-holds, lock sets.
+holds, lock sets; retry budgets and circuit breakers.
 
 Written once for asyncio; ``backends/_sync/postgres_state.py`` is generated from it.
 
@@ -29,6 +29,10 @@ one round trip (but a busy set of one lock: two), each atomic under READ COMMITT
   finds the lock busy then calls the function, which says who holds it (or takes it, if it
   came free meanwhile).
 * ``lock_holders``, ``get_record`` and ``sweep_locks`` are one statement each.
+* ``retry_budget``, ``breaker_admit`` and ``breaker_record`` call one function each
+  (``0007_budgets.sql``), and so does ``commit_hold`` with ``units`` (``agentlease_settle_hold``).
+  Their healthy paths are one plain read; a step that may write locks the row and decides again
+  on what it holds.
 
 Field values are ``bytea``, sent as memoryviews (the pool's connections send ``bytes`` as json).
 """
@@ -39,7 +43,14 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, LiteralString
 
 from agentlease._policy.writes import check_write
-from agentlease._records import LockBusy, RecordWrite, StateRecord
+from agentlease._records import (
+    BreakerState,
+    BreakerStatus,
+    BudgetState,
+    LockBusy,
+    RecordWrite,
+    StateRecord,
+)
 from agentlease.backends._postgres_driver import Q
 from agentlease.errors import BackendError, LimitReached
 
@@ -62,6 +73,18 @@ def _record(
     return StateRecord(key, version, fields, fence, updated_at)
 
 
+_BREAKER_STATES: dict[str, BreakerStatus] = {
+    "closed": "closed",
+    "open": "open",
+    "half_open": "half_open",
+}
+
+
+def _breaker(rows: list[Row]) -> BreakerState:
+    ((state, failures, fence, retry_after, trial),) = rows
+    return BreakerState(_BREAKER_STATES[state], failures, fence, retry_after, trial)
+
+
 def _missing(names: Sequence[str], rows: list[Row]) -> list[str]:
     """The names of the set that the call did not touch (it returned the others)."""
     touched = {name for (name,) in rows}
@@ -69,8 +92,8 @@ def _missing(names: Sequence[str], rows: list[Row]) -> list[str]:
 
 
 class PostgresState:
-    """The ``*_record``, ``*_counter``, ``*_hold`` and ``*_locks`` primitives of the PostgreSQL
-    backend (a base of the backend class)."""
+    """The ``*_record``, ``*_counter``, ``*_hold``, ``*_locks``, ``retry_budget`` and
+    ``breaker_*`` primitives of the PostgreSQL backend (a base of the backend class)."""
 
     if TYPE_CHECKING:
 
@@ -142,7 +165,10 @@ class PostgresState:
         params = {"name": name, "token": token, "commit": False}
         return bool((self._fetch(Q["hold_end"], params))[0][0])
 
-    def commit_hold(self, name: str, token: str) -> bool:
+    def commit_hold(self, name: str, token: str, units: int | None = None) -> bool:
+        if units is not None:
+            settle = {"name": name, "token": token, "units": units}
+            return bool((self._fetch(Q["hold_settle"], settle))[0][0])
         params = {"name": name, "token": token, "commit": True}
         return bool((self._fetch(Q["hold_end"], params))[0][0])
 
@@ -182,3 +208,36 @@ class PostgresState:
 
     def sweep_locks(self, limit: int) -> int:
         return self._write(Q["locks_sweep"], {"limit": limit})
+
+    # -- retry budgets and circuit breakers -----------------------------------------------------
+
+    def retry_budget(
+        self, key: str, calls: int, retry: bool, ratio: float, minimum: int, ttl: float
+    ) -> BudgetState:
+        params = {
+            "key": key,
+            "calls": calls,
+            "retry": retry,
+            "ratio": float(ratio),
+            "minimum": minimum,
+            "ttl": float(ttl),
+        }
+        ((total, retries, granted),) = self._fetch(Q["retry_budget"], params)
+        return BudgetState(int(total), int(retries), bool(granted))
+
+    def breaker_admit(self, key: str, trial_for: float, ttl: float) -> BreakerState:
+        params = {"key": key, "trial_for": float(trial_for), "ttl": float(ttl)}
+        return _breaker(self._fetch(Q["breaker_admit"], params))
+
+    def breaker_record(
+        self, key: str, fence: int, ok: bool, threshold: int, cooldown: float, ttl: float
+    ) -> BreakerState:
+        params = {
+            "key": key,
+            "fence": fence,
+            "ok": ok,
+            "threshold": threshold,
+            "cooldown": float(cooldown),
+            "ttl": float(ttl),
+        }
+        return _breaker(self._fetch(Q["breaker_record"], params))

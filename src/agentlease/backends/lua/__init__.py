@@ -60,6 +60,12 @@ on one Redis Cluster shard and every script is given all the keys it touches:
                             or a tombstone once it ended, until its expiry (see ``_state.lua``)
 ``p:ctr:{c}:x``             zset by expires_at: the tokens of ``:h`` (a counter's scripts give
                             back the expired first, reading only those)
+``p:bud:{k}``               hash: retry budget ``k`` (its own hash tag): ``c`` calls, ``r``
+                            retries granted; Redis expires it ``ttl`` after its last write
+``p:brk:{k}``               hash: circuit breaker ``k`` (its own hash tag): ``s`` state, ``f``
+                            failures, ``n`` fence of the latest trial, ``u`` end of the
+                            cool-down or of the trial's turn; expires as a budget does (see
+                            ``_state.lua``)
 ``{p:locks}:owner``         hash: lock name -> owner, until released or swept (every lock key
                             shares the hash tag ``{p:locks}``: all locks live on one shard, so a
                             lock set of any names is one script; the suffixes are not one
@@ -86,6 +92,8 @@ from importlib.resources.abc import Traversable
 from typing import Any
 
 from agentlease._records import (
+    BreakerState,
+    BreakerStatus,
     Enqueued,
     Job,
     KeyHold,
@@ -105,6 +113,9 @@ __all__ = [
     "LockKeys",
     "QueueKeys",
     "Script",
+    "breaker_hash",
+    "breaker_state_from",
+    "budget_hash",
     "claim_terms",
     "counter_key",
     "counter_keys",
@@ -156,6 +167,9 @@ NAMES = (
     "locks_release",
     "locks_holders",
     "locks_sweep",
+    "retry_budget",
+    "breaker_admit",
+    "breaker_record",
 )
 # Files of helpers, in the order their sections are prepended.
 LIBS = ("_lib.lua", "_keys.lua", "_state.lua")
@@ -276,7 +290,7 @@ class _Scripts(Mapping[str, Script]):
     """Every script of :data:`NAMES` by name, each built from its file when first asked for.
 
     A process sends a few of the scripts (a worker: claim, extend, complete and fail), and
-    building one takes several regular-expression passes over its text: building all 31 when
+    building one takes several regular-expression passes over its text: building all 35 when
     the module is imported cost every process that opens a Redis store a few milliseconds. Two
     threads that ask for the same script at once both build it; the texts are identical and
     either one is kept.
@@ -557,3 +571,27 @@ def state_record_from(key: str, stored: dict[bytes, bytes] | list[bytes]) -> Sta
         fence=int(pairs[b"_f"]),
         updated_at=float(pairs[b"_u"]),
     )
+
+
+# -- retry budgets and circuit breakers ---------------------------------------------------------
+
+_BREAKER_STATES: dict[bytes, BreakerStatus] = {
+    b"closed": "closed",
+    b"open": "open",
+    b"half_open": "half_open",
+}
+
+
+def budget_hash(prefix: str, key: str) -> str:
+    """The hash of retry budget ``key`` under ``prefix`` (the key is its own hash tag)."""
+    return f"{prefix}:bud:{{{key}}}"
+
+
+def breaker_hash(prefix: str, key: str) -> str:
+    """The hash of circuit breaker ``key`` under ``prefix`` (the key is its own hash tag)."""
+    return f"{prefix}:brk:{{{key}}}"
+
+
+def breaker_state_from(v: list[Any]) -> BreakerState:
+    """A breaker's state from ``breaker_admit.lua``'s or ``breaker_record.lua``'s reply."""
+    return BreakerState(_BREAKER_STATES[v[0]], int(v[1]), int(v[2]), float(v[3]), v[4] == 1)

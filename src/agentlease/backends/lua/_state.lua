@@ -17,6 +17,16 @@
 -- A hold's units are in the counter's value while it lives. Every script that reads or changes
 -- the value first gives back the units of the holds that ran out (counter_sweep).
 --
+-- A retry budget is the hash <prefix>:bud:{<key>} and a circuit breaker the hash
+-- <prefix>:brk:{<key>} (each its own hash tag, so one script touches one key on one shard):
+--   budget:   c  calls recorded, r  retries granted
+--   breaker:  s  state ('closed', 'open', 'half_open'; absent: closed), f  consecutive failures,
+--             n  the fence of the latest half-open trial, u  until: the end of the cool-down
+--             while open, of the trial's turn while half-open (0 while closed; a '%.17g' string)
+-- Every write sets the key's expiry to now + ttl (PEXPIREAT), so Redis deletes a budget or a
+-- breaker ttl after its last write and an expired one reads as absent. The decisions are those of
+-- agentlease/backends/_budgets.py.
+--
 -- Every lock shares the hash tag {<prefix>:locks}, so that a set of any names is one script on
 -- one shard (all the locks of a store live on one shard of a cluster):
 --   :owner    hash: name -> owner, from acquisition until release or sweep (an expired lock
@@ -84,4 +94,20 @@ local function counter_sweep(counter, holds, expiry, now)
   batched('HDEL', holds, gone)
   batched('ZREM', expiry, gone)
   return value or tonumber(redis.call('GET', counter)) or 0
+end
+
+-- @helper expire_after:
+-- Set key to expire ttl seconds (an ARGV string) after now: PEXPIREAT, rounded up to the ms
+-- (a ttl of 0 or less deletes it at once: it has expired).
+local function expire_after(key, now, ttl)
+  redis.call('PEXPIREAT', key, string.format('%.0f', math.ceil((now + tonumber(ttl)) * 1000)))
+end
+
+-- @helper breaker_reply:
+-- A breaker's state as the breaker scripts return it: {state, failures, fence, retry_after (a
+-- '%.17g' string: seconds until a trial may be admitted, 0 if closed or due), trial (1 or 0)}.
+local function breaker_reply(state, failures, fence, untl, now, trial)
+  local wait = 0
+  if state ~= 'closed' and untl > now then wait = untl - now end
+  return {state, failures, fence, string.format('%.17g', wait), trial}
 end

@@ -359,6 +359,27 @@ WHERE name = %(name)s AND token = %(token)s AND expires_at > clock_timestamp();
 -- name: hold_end
 SELECT agentlease_end_hold(%(name)s::text, %(token)s::text, %(commit)s::boolean);
 
+-- name: hold_settle
+SELECT agentlease_settle_hold(%(name)s::text, %(token)s::text, %(units)s::bigint);
+
+-- name: retry_budget
+SELECT calls, retries, granted
+FROM agentlease_retry_budget(
+    %(key)s::text, %(calls)s::bigint, %(retry)s::boolean, %(ratio)s::float8,
+    %(minimum)s::bigint, %(ttl)s::float8
+);
+
+-- name: breaker_admit
+SELECT state, failures, fence, retry_after, trial
+FROM agentlease_breaker_admit(%(key)s::text, %(trial_for)s::float8, %(ttl)s::float8);
+
+-- name: breaker_record
+SELECT state, failures, fence, retry_after, trial
+FROM agentlease_breaker_record(
+    %(key)s::text, %(fence)s::bigint, %(ok)s::boolean, %(threshold)s::bigint,
+    %(cooldown)s::float8, %(ttl)s::float8
+);
+
 -- name: locks_acquire
 SELECT name, fence, holder, retry_after
 FROM agentlease_acquire_locks(%(names)s::text[], %(owner)s::text, %(ttl)s::float8);

@@ -5,7 +5,7 @@
 -- writes are fenced by "token = :token AND state = 'in_flight'" (and the key not past its
 -- window): the token, not the clock, decides, so a late holder nobody took over still writes.
 --
--- Shared-state guards (record_*, counter_*, hold_*, locks_*): names of a lock set travel as one JSON
+-- Shared-state guards (record_*, counter_*, hold_*, locks_*, budget_*, breaker_*): names of a lock set travel as one JSON
 -- array (:names) read with json_each. A lock is held while it has an owner and
 -- expires_at > :now, so an expired lock is free whether or not a sweep has cleared it.
 --
@@ -131,6 +131,24 @@ CREATE TABLE IF NOT EXISTS agentlease_locks (
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS agentlease_locks_expiry
     ON agentlease_locks (expires_at) WHERE owner IS NOT NULL;
+-- Retry budgets and circuit breakers (schema version 6), one row per key. A row whose expires_at
+-- has passed counts as absent and is overwritten by the key's next write (expired rows are not
+-- deleted otherwise). A breaker's until is the end of its cool-down while open, the end of its
+-- trial's turn while half-open, 0 while closed.
+CREATE TABLE IF NOT EXISTS agentlease_budgets (
+    key        TEXT PRIMARY KEY,
+    calls      INTEGER NOT NULL,
+    retries    INTEGER NOT NULL,
+    expires_at REAL NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS agentlease_breakers (
+    key        TEXT PRIMARY KEY,
+    state      TEXT NOT NULL,
+    failures   INTEGER NOT NULL,
+    fence      INTEGER NOT NULL,
+    until      REAL NOT NULL,
+    expires_at REAL NOT NULL
+) WITHOUT ROWID;
 
 -- name: unpark_trigger
 -- Run after the schema, as one statement (its body holds semicolons of its own).
@@ -462,6 +480,25 @@ WHERE name = :name AND token = :token AND expires_at > :now;
 -- name: hold_end
 DELETE FROM agentlease_counter_holds WHERE name = :name AND token = :token
 RETURNING units;
+
+-- name: budget_get
+SELECT calls, retries, expires_at FROM agentlease_budgets WHERE key = :key;
+
+-- name: budget_put
+INSERT INTO agentlease_budgets (key, calls, retries, expires_at)
+VALUES (:key, :calls, :retries, :expires_at)
+ON CONFLICT (key) DO UPDATE SET
+    calls = excluded.calls, retries = excluded.retries, expires_at = excluded.expires_at;
+
+-- name: breaker_get
+SELECT state, failures, fence, until, expires_at FROM agentlease_breakers WHERE key = :key;
+
+-- name: breaker_put
+INSERT INTO agentlease_breakers (key, state, failures, fence, until, expires_at)
+VALUES (:key, :state, :failures, :fence, :until, :expires_at)
+ON CONFLICT (key) DO UPDATE SET
+    state = excluded.state, failures = excluded.failures, fence = excluded.fence,
+    until = excluded.until, expires_at = excluded.expires_at;
 
 -- name: locks_busy
 -- The locks of the set held by another owner with a live lease.
