@@ -52,6 +52,11 @@ RENAMES = {
     "AsyncSharedState": "SharedState",
     "AsyncLockSet": "LockSet",
     "AsyncCounterHold": "CounterHold",
+    # Retry budgets, circuit breakers, spend budgets.
+    "AsyncRetryBudget": "RetryBudget",
+    "AsyncCircuitBreaker": "CircuitBreaker",
+    "AsyncSpendBudget": "SpendBudget",
+    "AsyncSpendHold": "SpendHold",
 }
 SUBS: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"\basync def\b"), "def"),

@@ -60,6 +60,12 @@ from agentlease.errors import (
 )
 
 if TYPE_CHECKING:
+    from agentlease._async.budgets import (
+        AsyncCircuitBreaker,
+        AsyncRetryBudget,
+        AsyncSpendBudget,
+        AsyncSpendHold,
+    )
     from agentlease._async.holds import AsyncCounterHold
     from agentlease._async.idempotency import AsyncAction, AsyncIdempotency
     from agentlease._async.queue import AsyncQueue
@@ -90,6 +96,7 @@ if TYPE_CHECKING:
     from agentlease._retry import retry
     from agentlease._scope import current_fence, current_key, idempotency_scope
     from agentlease._settings import IdempotencySettings, QueueSettings, WorkerSettings
+    from agentlease._sync.budgets import CircuitBreaker, RetryBudget, SpendBudget, SpendHold
     from agentlease._sync.holds import CounterHold
     from agentlease._sync.idempotency import Action, Idempotency
     from agentlease._sync.queue import Queue
@@ -103,6 +110,10 @@ __version__ = "0.1.0"
 
 # Each public name imported on first use, and the module that defines it.
 _LAZY = {
+    "AsyncCircuitBreaker": "agentlease._async.budgets",
+    "AsyncRetryBudget": "agentlease._async.budgets",
+    "AsyncSpendBudget": "agentlease._async.budgets",
+    "AsyncSpendHold": "agentlease._async.budgets",
     "AsyncCounterHold": "agentlease._async.holds",
     "AsyncAction": "agentlease._async.idempotency",
     "AsyncIdempotency": "agentlease._async.idempotency",
@@ -146,6 +157,10 @@ _LAZY = {
     "idempotency_scope": "agentlease._scope",
     "IdempotencySettings": "agentlease._settings",
     "QueueSettings": "agentlease._settings",
+    "CircuitBreaker": "agentlease._sync.budgets",
+    "RetryBudget": "agentlease._sync.budgets",
+    "SpendBudget": "agentlease._sync.budgets",
+    "SpendHold": "agentlease._sync.budgets",
     "CounterHold": "agentlease._sync.holds",
     "Action": "agentlease._sync.idempotency",
     "Idempotency": "agentlease._sync.idempotency",
@@ -170,13 +185,17 @@ __all__ = [
     "AgentLeaseError",
     "AsyncAction",
     "AsyncBackend",
+    "AsyncCircuitBreaker",
     "AsyncCounterHold",
     "AsyncIdempotency",
     "AsyncIdempotentFunction",
     "AsyncJobContext",
     "AsyncLockSet",
     "AsyncQueue",
+    "AsyncRetryBudget",
     "AsyncSharedState",
+    "AsyncSpendBudget",
+    "AsyncSpendHold",
     "AsyncWorker",
     "AuthenticationFailed",
     "Backend",
@@ -185,6 +204,7 @@ __all__ = [
     "BackendUnavailable",
     "BudgetExceeded",
     "Cancelled",
+    "CircuitBreaker",
     "CircuitOpen",
     "ConflictError",
     "CounterHold",
@@ -234,11 +254,14 @@ __all__ = [
     "Reaped",
     "ReplayedFailure",
     "ReservationLost",
+    "RetryBudget",
     "RetryBudgetExhausted",
     "RetryPolicy",
     "SchemaNotMigrated",
     "SchemaTooNew",
     "SharedState",
+    "SpendBudget",
+    "SpendHold",
     "StateMachine",
     "TLSRefused",
     "Task",

@@ -199,6 +199,7 @@ class Retrying:
         _hooks(breaker, "breaker", ("before", "success", "failure"))
         self.budget = budget
         self.breaker = breaker
+        self._awaited = _awaited_hooks(self)  # once: a guarded call must stay cheap
 
     def retryable(self, exc: BaseException) -> bool:
         """Whether ``exc`` is retried (and counts as the dependency failing)."""
@@ -450,7 +451,7 @@ class SyncAttempts(_Attempts):
 
     def __init__(self, spec: Retrying, what: str = "the retried call") -> None:
         super().__init__(spec, what)
-        awaited = _awaited_hooks(spec)
+        awaited = spec._awaited
         if awaited:
             raise InvalidInput(
                 f"{', '.join(awaited)} must be awaited: on the sync face the hooks must be "
@@ -485,10 +486,7 @@ class AsyncAttempts(_Attempts):
     def enter_sync(self) -> None:
         # A plain `with` cannot await the breaker's success or failure: a success returned from
         # inside the block would go unrecorded, so an awaited breaker needs `async with`.
-        breaker = self._spec.breaker
-        if breaker is not None and any(
-            inspect.iscoroutinefunction(getattr(breaker, name)) for name in ("success", "failure")
-        ):
+        if any(name in self._spec._awaited for name in ("breaker.success", "breaker.failure")):
             raise InvalidInput(
                 "the breaker's hooks are awaited: enter the attempt with `async with attempt:`"
             )
@@ -508,7 +506,7 @@ def _awaited_hooks(spec: Retrying) -> list[str]:
 
 def _call(hook: Callable[..., object], *args: object) -> None:
     result = hook(*args)
-    if inspect.isawaitable(result):
+    if result is not None and inspect.isawaitable(result):
         if inspect.iscoroutine(result):
             result.close()
         raise InvalidInput(

@@ -132,11 +132,11 @@ def test_bench_idempotency_rows(tmp_path: Path, backend: str | None, kind: str) 
 
 
 def check_guard_rows(everything: list[dict[str, Any]], kind: str, calls: int) -> None:
-    """The two shared-state guard rows: their fields and arithmetic, never their speed."""
+    """The three shared-state guard rows: their fields and arithmetic, never their speed."""
     rows = [r for r in everything if r.get("mode") == "guard"]
-    assert [r["guard"] for r in rows] == ["compare_and_set", "lock"]
-    assert [r["ideal_round_trips"] for r in rows] == [1.0, 2.0]
-    assert len({r["name"] for r in rows}) == 2
+    assert [r["guard"] for r in rows] == ["compare_and_set", "guarded", "lock"]
+    assert [r["ideal_round_trips"] for r in rows] == [1.0, 1.0, 2.0]
+    assert len({r["name"] for r in rows}) == 3
     for row in rows:
         assert row.keys() == GUARD_ROW_KEYS
         assert row["backend"] == kind

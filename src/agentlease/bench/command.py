@@ -30,11 +30,13 @@ raw operations per call (see :mod:`agentlease.bench.keys`):
 * idempotent no-op, replay: the same calls again (one reserve that finds the outcome: ideally
   1), beside the same write of a key that is present.
 
-Then two shared-state guard rows (``--guards`` calls each, 0 to skip; see
+Then three shared-state guard rows (``--guards`` calls each, 0 to skip; see
 :mod:`agentlease.bench.guards`), in the same units:
 
 * compare_and_set, right version: :meth:`~agentlease.SharedState.compare_and_set` over an
   existing record (ideally 1), beside one atomic version-checked write;
+* retry + budget + breaker call: that raw write, each call through ``al.retry`` with a retry
+  budget and a circuit breaker kept in the store, on the healthy path (ideally 1; target 1.3);
 * lock set of one, acquire + release: ``with state.locks([name], timeout=5): pass`` (ideally
   2), beside an owner-checked conditional acquire and an owner-checked release.
 
@@ -422,9 +424,11 @@ def bench(
     insert under a lock (memory). Ideally a first call costs 2 and a replay 1.
 
     Then SharedState.compare_and_set at the right version (ideally 1 raw operation) beside one
-    version-checked UPDATE (SQLite, PostgreSQL) or script (Redis); and a lock set of one,
-    acquired and released (ideally 2), beside a conditional acquire and an owner-checked
-    release: an upsert and an UPDATE (SQLite, PostgreSQL), SET NX PX and a script (Redis).
+    version-checked UPDATE (SQLite, PostgreSQL) or script (Redis); that raw write through
+    al.retry with a RetryBudget and a CircuitBreaker kept in the store, healthy (ideally 1,
+    target 1.3); and a lock set of one, acquired and released (ideally 2), beside a conditional
+    acquire and an owner-checked release: an upsert and an UPDATE (SQLite, PostgreSQL), SET NX
+    PX and a script (Redis).
 
     Then the worker row (not on memory://): --worker-processes `agentlease worker --burst`
     processes with a no-op handler drain --worker-tasks tasks, timed from the first completion
@@ -473,7 +477,7 @@ def bench(
             plan = cases(processes, batch, stores.kind)
             if not as_json:
                 also = f" and 2 rows x {keys} idempotent calls" if keys else ""
-                also += f" and 2 rows x {guards} guard calls" if guards else ""
+                also += f" and 3 rows x {guards} guard calls" if guards else ""
                 if worker_tasks and stores.targets is not None:
                     also += f" and {worker_tasks} worker tasks"
                 err_console.print(

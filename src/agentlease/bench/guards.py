@@ -6,6 +6,13 @@ the same store with the same driver.
   ``compare_and_set(key_i, 1, {"n": i})``: every call has the right version, so none conflicts.
   Ideally one round trip (the check and the write are one atomic step). The raw side creates as
   many rows and times one atomic conditional write per row, version 1 to 2.
+* **retry + budget + breaker call**: the raw side's conditional write, each call through
+  ``al.retry(on=BackendUnavailable, attempts=3, budget=..., breaker=...)`` with a
+  :class:`~agentlease.RetryBudget` and a :class:`~agentlease.CircuitBreaker` kept in the same
+  store, on the healthy path (circuit closed, no retry): what guarding a call costs, in raw
+  operations per call beside the one raw round trip it makes (ideally 1; the target is 1.3). The
+  breaker's state is cached for its staleness (1 s) and the budget counts calls locally and
+  sends them every ``flush_every`` (32) calls, so most calls add no round trip.
 * **lock acquire + release**: N cycles of ``with state.locks([name], timeout=5): pass`` on one
   lock name per round. Ideally two round trips (acquire, release); the library also starts and
   stops the lock set's renewal thread each time. The raw side runs N cycles of one owner-checked
@@ -53,11 +60,14 @@ from rich.progress import Progress
 from rich.table import Table
 
 from agentlease._codec import JSON
+from agentlease._retry import retry
+from agentlease._sync.budgets import CircuitBreaker, RetryBudget
 from agentlease._sync.state import SharedState
 from agentlease.backends import connect
 from agentlease.backends.base import Backend
 from agentlease.bench.keys import round_trip_table
 from agentlease.bench.loops import ROUNDS, RawSQLite, split, sqlite_synchronous
+from agentlease.errors import BackendUnavailable
 
 __all__ = [
     "DEFAULT_GUARDS",
@@ -75,12 +85,13 @@ DEFAULT_GUARDS = 3_000
 WARM_UP = 20
 LOCK_TTL = 30.0  # the library's default ttl, which the library rows run with
 LOCK_TIMEOUT = 5.0
-Guard = Literal["compare_and_set", "lock"]
+Guard = Literal["compare_and_set", "guarded", "lock"]
 Side = Literal["library", "raw"]
-GUARDS: tuple[Guard, Guard] = ("compare_and_set", "lock")
+GUARDS: tuple[Guard, ...] = ("compare_and_set", "guarded", "lock")
 SIDES: tuple[Side, Side] = ("library", "raw")
-#: Raw atomic operations in one call of each row: a conditional write; an acquire and a release.
-RAW_OPS: dict[Guard, int] = {"compare_and_set": 1, "lock": 2}
+#: Raw atomic operations in one call of each row: a conditional write (bare, or through retry,
+#: retry budget and circuit breaker); an acquire and a release.
+RAW_OPS: dict[Guard, int] = {"compare_and_set": 1, "guarded": 1, "lock": 2}
 
 
 class RawGuards(Protocol):
@@ -119,6 +130,9 @@ class LibraryGuards:
 
     def __init__(self, backend: Backend) -> None:
         self.state = SharedState(backend)
+        run = uuid.uuid4().hex[:8]
+        self._budget = RetryBudget(self.state, scope=f"bench-guards-{run}")
+        self._breaker = CircuitBreaker(self.state, f"bench-guards-{run}")
 
     def create(self, keys: Sequence[str]) -> None:
         cas = self.state.compare_and_set
@@ -132,6 +146,18 @@ class LibraryGuards:
         for n, key in enumerate(keys):
             if cas(key, 1, {"n": n}) == 2:
                 written += 1
+        return written
+
+    def guarded(self, raw: RawGuards, keys: Sequence[str], values: Sequence[bytes]) -> int:
+        """The raw side's conditional write of each key, each call through ``al.retry`` with a
+        retry budget and a circuit breaker kept in this store (closed, no retry: the healthy
+        path), so the row is the guards' own cost beside one raw round trip."""
+        call = retry(on=BackendUnavailable, attempts=3, budget=self._budget, breaker=self._breaker)(
+            raw.compare_and_set
+        )
+        written = 0
+        for key, value in zip(keys, values, strict=True):
+            written += call((key,), (value,))
         return written
 
     def lock_cycles(self, name: str, count: int) -> int:
@@ -291,18 +317,25 @@ class GuardRow:
     @property
     def name(self) -> str:
         """The row's name."""
-        if self.guard == "compare_and_set":
-            return "compare_and_set, right version"
-        return "lock set of one, acquire + release"
+        return {
+            "compare_and_set": "compare_and_set, right version",
+            "guarded": "compare_and_set through retry + retry budget + circuit breaker",
+            "lock": "lock set of one, acquire + release",
+        }[self.guard]
 
     @property
     def label(self) -> str:
         """The row's name in the table."""
-        return "compare_and_set" if self.guard == "compare_and_set" else "lock acquire+release"
+        return {
+            "compare_and_set": "compare_and_set",
+            "guarded": "retry+budget+breaker call",
+            "lock": "lock acquire+release",
+        }[self.guard]
 
     @property
     def ideal(self) -> float:
-        """The round trips a call needs: 1 for a compare-and-set, 2 for a lock cycle."""
+        """The round trips a call needs: 1 for a compare-and-set (bare or guarded), 2 for a
+        lock cycle."""
         return float(RAW_OPS[self.guard])
 
     @property
@@ -349,19 +382,21 @@ def _timed(
     """One timed pass of ``count`` calls (records created untimed first); seconds per call on
     the library's side, per atomic operation on the raw side. Checks that every call did what
     the row says: each write found its version, each lock was free."""
-    keys = [f"{task}.{n}" for n in range(count)] if guard == "compare_and_set" else []
-    values = [orjson.dumps({"n": n}) for n in range(count)] if side == "raw" and keys else []
+    keys = [f"{task}.{n}" for n in range(count)] if guard != "lock" else []
+    on_raw = side == "raw" or guard == "guarded"  # the guarded row guards the raw write
+    values = [orjson.dumps({"n": n}) for n in range(count)] if on_raw and keys else []
     if keys:
-        (library.create if side == "library" else raw.create)(keys)
+        (raw.create if on_raw else library.create)(keys)
     owner = f"bench:{task}"
     gc.collect()
     start = time.perf_counter()
-    if guard == "compare_and_set":
-        done = (
-            library.compare_and_set(keys)
-            if side == "library"
-            else raw.compare_and_set(keys, values)
-        )
+    if guard != "lock":
+        if side == "raw":
+            done = raw.compare_and_set(keys, values)
+        elif guard == "guarded":
+            done = library.guarded(raw, keys, values)
+        else:
+            done = library.compare_and_set(keys)
     else:
         done = (
             library.lock_cycles(task, count)
@@ -387,14 +422,14 @@ def run_guards(
     rounds (library, raw, raw, library, ...).
 
     Returns:
-        Two rows: ``compare_and_set`` and ``lock``.
+        Three rows: ``compare_and_set``, ``guarded`` and ``lock``.
     """
     run = uuid.uuid4().hex[:8]
     for guard in GUARDS:  # untimed: connections, pools, prepared statements, scripts, threads
         for side in SIDES:
-            _timed(side, guard, library, raw, f"bench-guards-{run}-warm-{side}", WARM_UP)
+            _timed(side, guard, library, raw, f"bench-guards-{run}-warm-{guard}-{side}", WARM_UP)
     sizes = split(calls, rounds)
-    bar = None if progress is None else progress.add_task("guards", total=4 * len(sizes))
+    bar = None if progress is None else progress.add_task("guards", total=6 * len(sizes))
     seconds: dict[tuple[Side, Guard], list[float]] = {
         (side, guard): [] for side in SIDES for guard in GUARDS
     }
@@ -404,12 +439,16 @@ def run_guards(
                 if progress is not None and bar is not None:
                     progress.update(bar, description=f"{guard} ({side})")
                     progress.refresh()
-                task = f"bench-guards-{run}-{index}-{side}"
+                task = f"bench-guards-{run}-{guard}-{index}-{side}"
                 seconds[(side, guard)].append(_timed(side, guard, library, raw, task, size))
                 if progress is not None and bar is not None:
                     progress.advance(bar)
                     progress.refresh()
-    operations = {"compare_and_set": raw.cas_operation, "lock": raw.lock_operation}
+    operations = {
+        "compare_and_set": raw.cas_operation,
+        "guarded": raw.cas_operation,
+        "lock": raw.lock_operation,
+    }
     return [
         GuardRow(
             guard,
