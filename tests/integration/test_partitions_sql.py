@@ -27,6 +27,7 @@ import agentlease as al
 from agentlease import QueueSettings, TaskSpec
 from agentlease.backends._postgres_driver import MIGRATIONS, Q, channel, configure
 from agentlease.backends._postgres_url import parse
+from agentlease.backends.sqlite import SCHEMA_VERSION
 from tests.conftest import Store
 
 QUEUE = "race"
@@ -217,6 +218,7 @@ def _enqueue_sql(url: str, task_id: str, partition: str) -> dict[str, Any]:
         "partition": [partition],
         "queue_names": [QUEUE],
         "channels": [channel(parse(url).schema, QUEUE)],
+        "context": [None],
     }
 
 
@@ -302,6 +304,8 @@ def _check_upgraded(q: al.Queue) -> al.Job:
     """A store upgraded with an old task in it: the old task and partitions both work. Returns
     the leased job of the partition's second task."""
     assert q.get("old").partition is None
+    assert q.get("old").context_json is None  # no context: its own root, no deadline
+    assert q.get("old").root_id == "old"
     q.enqueue_many(QUEUE, [TaskSpec(id=f"n{i}", partition="p") for i in range(2)])
     assert q.stats(QUEUE).hot_partitions == (("p", 1),)
     jobs = q.claim(QUEUE, n=5, lease_for=5.0)
@@ -326,7 +330,7 @@ def test_a_sqlite_database_at_version_3_is_upgraded(tmp_path: Path) -> None:
     finally:
         q.close()
     db = sqlite3.connect(path)
-    assert db.execute("PRAGMA user_version").fetchone() == (5,)
+    assert db.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)
     names = {r[0] for r in db.execute("SELECT name FROM sqlite_master")}
     assert {"agentlease_busy", "agentlease_parked", "agentlease_unpark", "agentlease_keys"} <= names
     db.close()
