@@ -34,7 +34,7 @@ from agentlease._records import (
 )
 from agentlease._settings import QueueSettings
 from agentlease.backends import Backend, connect
-from agentlease.errors import InvalidInput, LeaseLost, UnknownTask
+from agentlease.errors import InvalidInput, LeaseLost, ToolUnavailable, UnknownTask
 
 __all__ = ["Queue"]
 
@@ -332,10 +332,19 @@ class Queue:
         )
 
     def fail(
-        self, lease: Lease, error: BaseException | str, *, retry_in: float | None
+        self,
+        lease: Lease,
+        error: BaseException | str,
+        *,
+        retry_in: float | None,
+        reason: str | None = None,
     ) -> Task:
         """Record that the handler raised: retry after ``retry_in`` seconds, or dead-letter
         (``retry_in=None``). Fenced by the lease.
+
+        The error is stored as ``{"type", "message"}``, plus ``"reason"``: the ``reason``
+        given (why the task was given up on, e.g. ``"deadline"``), or else that of a
+        :class:`~agentlease.errors.ToolUnavailable` error (``DeadlineExceeded``: ``"deadline"``).
 
         Returns:
             The task as it now stands (``failed`` awaiting retry, or ``dead``).
@@ -343,7 +352,10 @@ class Queue:
         lease = check.lease(lease)
         if retry_in is not None:
             retry_in = check.non_negative(retry_in, "retry_in")
-        data = encode(_describe(error), what="error", limit=self.settings.max_payload_bytes)
+        described = _describe(error)
+        if reason is not None:
+            described["reason"] = str(reason)
+        data = encode(described, what="error", limit=self.settings.max_payload_bytes)
         try:
             task = self.backend.fail(lease, data, retry_in)
         except LeaseLost as exc:
@@ -452,4 +464,7 @@ def _pair(item: object) -> tuple[Lease, JSON]:
 def _describe(error: BaseException | str) -> dict[str, JSON]:
     if isinstance(error, str):
         return {"type": "Error", "message": error}
-    return {"type": type(error).__qualname__, "message": str(error)}
+    described: dict[str, JSON] = {"type": type(error).__qualname__, "message": str(error)}
+    if isinstance(error, ToolUnavailable):
+        described["reason"] = error.reason
+    return described
