@@ -3,6 +3,15 @@
 Sync handlers get a :class:`JobContext` and run on a worker thread; async handlers get an
 :class:`AsyncJobContext` and run on the event loop. Both carry the same read-only facts.
 
+The deadline. A task that carries a deadline (inherited from the handler or the
+:func:`agentlease.deadline` block that enqueued it) runs with it in force: ``deadline_at`` is
+that point on this process's monotonic clock. Once it passes, ``cancelled`` is true, ``check()``
+raises :class:`~agentlease.errors.DeadlineExceeded` and ``wait()`` wakes; so does
+:func:`agentlease.check_deadline` inside the handler (the worker sets the deadline in the
+handler's context, copied into its thread). A deadline ends the whole tree of work: the worker
+dead-letters the task (reason ``deadline``), never retries it. It is not a per-attempt time
+limit, after which an attempt would fail and be retried.
+
 ``progress`` rides out a short store outage: a write that finds the store unavailable is retried
 with jittered backoff for as long as the lease is held (its local deadline), like the worker's
 final writes; past it the lease is lost and :class:`~agentlease.errors.LeaseLost` is raised.
@@ -14,13 +23,13 @@ import asyncio
 import random
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from agentlease._codec import JSON
 from agentlease._heartbeat import Held
 from agentlease._records import Job, Lease
-from agentlease.errors import BackendUnavailable, Cancelled, LeaseLost
+from agentlease.errors import BackendUnavailable, Cancelled, DeadlineExceeded, LeaseLost
 
 if TYPE_CHECKING:
     from agentlease._async.queue import AsyncQueue
@@ -34,6 +43,8 @@ class _Base:
     job: Job
     held: Held
     shutdown: threading.Event
+    deadline_at: float | None = field(default=None, kw_only=True)
+    """The task's deadline on the monotonic clock (``time.monotonic()``), or ``None``."""
 
     @property
     def task_id(self) -> str:
@@ -67,9 +78,15 @@ class _Base:
         return self.held.lost.is_set()
 
     @property
+    def expired(self) -> bool:
+        """Whether the task's deadline has passed."""
+        return self.deadline_at is not None and time.monotonic() >= self.deadline_at
+
+    @property
     def cancelled(self) -> bool:
-        """Whether the job should stop now (lease lost, or shutdown past its grace period)."""
-        return self.held.lost.is_set() or self.shutdown.is_set()
+        """Whether the job should stop now (lease lost, shutdown past its grace period, or the
+        task's deadline passed)."""
+        return self.held.lost.is_set() or self.shutdown.is_set() or self.expired
 
     def check(self) -> None:
         """Raise if the job should stop: call it between steps of long sync work.
@@ -77,6 +94,7 @@ class _Base:
         Raises:
             LeaseLost: the lease is gone; another worker may run this task now.
             Cancelled: the worker is shutting down past its grace period.
+            DeadlineExceeded: the task's deadline passed (the task is dead-lettered).
         """
         if self.held.lost.is_set():
             lease = self.job.lease
@@ -89,6 +107,11 @@ class _Base:
             )
         if self.shutdown.is_set():
             raise Cancelled(self.task_id)
+        at = self.deadline_at
+        if at is not None:
+            now = time.monotonic()
+            if now >= at:
+                raise DeadlineExceeded(f"task {self.task_id}", overdue_s=now - at)
 
     def _retry_in(self, delay: float, exc: BackendUnavailable) -> float:
         """How long to wait before writing progress again, or raise when the lease runs out."""
@@ -98,9 +121,12 @@ class _Base:
         return delay * random.uniform(0.5, 1.0)
 
     def wait(self, seconds: float) -> bool:
-        """Sleep up to ``seconds``, waking early if the job is cancelled; returns ``cancelled``."""
-        if self.held.lost.wait(0) or self.shutdown.wait(0):
+        """Sleep up to ``seconds``, waking early if the job is cancelled (the deadline passing
+        included); returns ``cancelled``."""
+        if self.held.lost.wait(0) or self.shutdown.wait(0) or self.expired:
             return True
+        if self.deadline_at is not None:
+            seconds = min(seconds, max(0.0, self.deadline_at - time.monotonic()))
         self.held.lost.wait(seconds)
         return self.cancelled
 

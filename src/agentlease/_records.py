@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import orjson
+
 from agentlease._codec import JSON, decode
 
 __all__ = [
@@ -36,6 +38,7 @@ __all__ = [
     "TaskSpec",
     "TaskState",
     "Versioned",
+    "encode_context",
 ]
 
 TaskState = Literal["parked", "scheduled", "queued", "leased", "failed", "done", "dead"]
@@ -80,7 +83,11 @@ class Lease:
 
 @dataclass(frozen=True, slots=True)
 class Job:
-    """A claimed task as a worker sees it: the lease plus what the handler needs."""
+    """A claimed task as a worker sees it: the lease plus what the handler needs.
+
+    ``context_json`` is the task's context as enqueued (see :func:`encode_context`): the root task
+    and the deadline it inherited, or ``None``.
+    """
 
     lease: Lease
     payload_json: bytes
@@ -88,6 +95,7 @@ class Job:
     priority: int = 0
     failures: int = 0
     reclaims: int = 0
+    context_json: bytes | None = None
 
     @property
     def task_id(self) -> str:
@@ -108,6 +116,16 @@ class Job:
     def checkpoint(self) -> JSON:
         """The last checkpoint an earlier attempt saved, or ``None``."""
         return decode(self.checkpoint_json)
+
+    @property
+    def root_id(self) -> str:
+        """The root task this task belongs to (its own id if it is a root)."""
+        return _context_root(self.context_json) or self.lease.task_id
+
+    @property
+    def deadline(self) -> float | None:
+        """The deadline of the task's tree, in seconds on the store's clock, or ``None``."""
+        return _context_deadline(self.context_json)
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,11 +152,22 @@ class Task:
     result_json: bytes | None = None
     error_json: bytes | None = None
     partition: str | None = None
+    context_json: bytes | None = None
 
     @property
     def payload(self) -> JSON:
         """The payload, decoded."""
         return decode(self.payload_json)
+
+    @property
+    def root_id(self) -> str:
+        """The root task this task belongs to (its own id if it is a root)."""
+        return _context_root(self.context_json) or self.id
+
+    @property
+    def deadline(self) -> float | None:
+        """The deadline of the task's tree, in seconds on the store's clock, or ``None``."""
+        return _context_deadline(self.context_json)
 
     @property
     def result(self) -> JSON:
@@ -173,6 +202,8 @@ class TaskSpec:
         dedup_key: a key unique within the queue; a second task with it creates nothing.
         partition: the resource the task writes to (an account, a document): tasks of one
             partition run one at a time, in enqueue order; different partitions in parallel.
+        deadline: seconds from now by which the task's whole tree of work must end (the
+            earlier of this and the deadline in force where it is enqueued wins).
     """
 
     payload: JSON = None
@@ -181,6 +212,7 @@ class TaskSpec:
     delay: float = 0.0
     dedup_key: str | None = None
     partition: str | None = None
+    deadline: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,6 +227,43 @@ class NewTask:
     dedup_key: str | None = None
     max_reclaims: int = 5
     partition: str | None = None
+    context_json: bytes | None = None
+
+
+def encode_context(root: str | None, deadline: float | None) -> bytes | None:
+    """A task's context as the store keeps it (verbatim, beside the task): the JSON object
+    ``{"root": <root task id>, "deadline": <seconds on the store's clock>}``, each key only when
+    known; ``None`` when neither is (the task is its own root and has no deadline)."""
+    if root is None and deadline is None:
+        return None
+    context: dict[str, str | float] = {}
+    if root is not None:
+        context["root"] = root
+    if deadline is not None:
+        context["deadline"] = float(deadline)
+    return orjson.dumps(context)
+
+
+def _context(data: bytes | None) -> dict[str, Any]:
+    if data is None:
+        return {}
+    try:
+        value = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _context_root(data: bytes | None) -> str | None:
+    root = _context(data).get("root")
+    return root if isinstance(root, str) and root else None
+
+
+def _context_deadline(data: bytes | None) -> float | None:
+    at = _context(data).get("deadline")
+    if isinstance(at, bool) or not isinstance(at, int | float):
+        return None
+    return float(at)
 
 
 @dataclass(frozen=True, slots=True)
@@ -271,7 +340,7 @@ def task_from_row(row: Sequence[Any]) -> Task:
     """A :class:`Task` from a SQL row of its columns in the order the backends select them:
     id, queue, state, priority, payload, attempt, reclaims, failures, max_reclaims, created_at,
     run_at, dedup_key, leased_at, expires_at, finished_at, progress, checkpoint, result, error,
-    and optionally partition."""
+    and optionally partition and context."""
     return Task(
         id=row[0],
         queue=row[1],
@@ -293,6 +362,7 @@ def task_from_row(row: Sequence[Any]) -> Task:
         result_json=row[17],
         error_json=row[18],
         partition=row[19] if len(row) > 19 else None,
+        context_json=None if len(row) <= 20 or row[20] is None else bytes(row[20]),
     )
 
 

@@ -125,10 +125,10 @@ WORKER_FUNCTIONS = (
     "agentlease_breaker_admit",
     "agentlease_breaker_record",
     "agentlease_breaker_wait",
-    "agentlease_claim_ranked",
+    "agentlease_claim_context",
     "agentlease_complete_many",
     "agentlease_end_hold",
-    "agentlease_enqueue",
+    "agentlease_enqueue_context",
     "agentlease_extend",
     "agentlease_extend_locks",
     "agentlease_front",
@@ -146,8 +146,10 @@ WORKER_FUNCTIONS = (
     "agentlease_write_record",
 )
 """The functions the worker role executes (directly, or from one another). Not granted:
-``agentlease_claim`` (kept by migration 6 for clients of schema version 5) and the trigger
-function ``agentlease_partition_freed`` (a trigger needs no EXECUTE of whoever fires it)."""
+``agentlease_claim`` (kept by migration 6 for clients of schema version 5),
+``agentlease_claim_ranked`` and ``agentlease_enqueue`` (kept by migration 8 for clients of schema
+version 7) and the trigger function ``agentlease_partition_freed`` (a trigger needs no EXECUTE of
+whoever fires it)."""
 
 _CREDENTIALS = ("user", "password", "sslpassword")
 DEFAULT_ROLE = "agentlease_worker"

@@ -21,6 +21,22 @@ so a SIGKILL can re-run only tasks whose handlers returned since the last write 
 runs on a pool thread; when it returns, the loop is woken once for every handler that returned
 meanwhile (:meth:`AsyncWorker._collect`), so the hot path creates no asyncio task per job.
 
+Deadlines. A task may carry the root task it belongs to and a deadline on the store's clock
+(inherited from the handler or the ``al.deadline`` block that enqueued it). A task whose deadline
+is at or before its lease's ``leased_at`` never runs: it is dead-lettered at once (error reason
+``deadline``) through the same fenced ``fail`` and events as any dead letter; so is a claimed-ahead
+task whose deadline passes before a slot frees. Otherwise the handler runs with the task's root
+and deadline in its context (:func:`agentlease._deadline.enter_work`): the deadline turned into a
+point on the monotonic clock with the offset measured at the claim (``leased_at`` minus the
+monotonic time the claim returned), so the rest is enforced locally and tasks the handler
+enqueues inherit both. An async handler is cancelled at the deadline; a sync one sees
+``ctx.cancelled`` turn true and ``ctx.check()`` / ``al.check_deadline()`` raise. A handler that
+raises :class:`~agentlease.errors.DeadlineExceeded` (or is cancelled at the deadline, or returns
+after it) is dead-lettered with reason ``deadline``, never retried under the RetryPolicy, and a
+retry whose delay would end past the deadline is dead-lettered at once. A deadline ends the whole
+tree of work; it is not a per-attempt time limit (after which an attempt would fail and be
+retried).
+
 Shutdown (``stop()``, SIGTERM or SIGINT) stops claiming, lets running handlers finish within the
 grace period, then cancels what is left. Tasks claimed ahead that never started go back to
 the front at once. A lease goes back to the front of its queue only when no
@@ -58,6 +74,7 @@ from agentlease import _validate as check
 from agentlease._async.queue import AsyncQueue
 from agentlease._codec import JSON
 from agentlease._context import AsyncJobContext, JobContext
+from agentlease._deadline import enter_work
 from agentlease._events import EventDispatcher, EventName, logger
 from agentlease._final_writes import FinalWrites
 from agentlease._heartbeat import Heartbeat, Held
@@ -74,6 +91,7 @@ from agentlease.errors import (
     BackendRefused,
     BackendUnavailable,
     Cancelled,
+    DeadlineExceeded,
     LeaseLost,
     PayloadError,
 )
@@ -306,8 +324,12 @@ class AsyncWorker:
                 await self._idle(idle * self._rand.uniform(0.5, 1.0))
                 continue
             idle = 0.0
+            claimed_at = time.monotonic()
             for job in jobs:
                 entry = _Running(job)
+                entry.offset = job.lease.leased_at - claimed_at
+                if job.deadline is not None:
+                    entry.at = job.deadline - entry.offset
                 entry.held = heartbeat.add(job.lease, functools.partial(self._lost, entry), sent_at)
                 self._emit(
                     "claimed",
@@ -318,7 +340,10 @@ class AsyncWorker:
                     expires_at=job.lease.expires_at,
                 )
                 self._running[entry.key] = entry
-                self._waiting.append(entry)
+                if job.deadline is not None and job.deadline <= job.lease.leased_at:
+                    self._expired(entry)  # past its deadline when claimed: it never runs
+                else:
+                    self._waiting.append(entry)
             self._start_waiting()
 
     def _wanted(self) -> int:
@@ -345,6 +370,9 @@ class AsyncWorker:
             if entry.held.lost.is_set():  # lost while it waited: it never ran
                 self._finish(entry)
                 continue
+            if entry.at is not None and time.monotonic() >= entry.at:
+                self._expired(entry)  # its deadline passed while it waited: it never runs
+                continue
             self._active += 1
             entry.started = time.monotonic()
             assert self._start is not None
@@ -363,14 +391,25 @@ class AsyncWorker:
             entry.task.add_done_callback(functools.partial(self._never_began, entry))
             return
         assert self._sync_handler is not None
-        # Idempotent actions inside the handler are keyed on this task.
+        # Idempotent actions inside the handler are keyed on this task; its root task and
+        # deadline are in force there (check_deadline, and the tasks it enqueues).
         context = contextvars.copy_context()
         context.run(enter_task, job.task_id, job.lease.attempt)
-        ctx = JobContext(job, held, self._forced, handler_queue)
+        context.run(enter_work, job.root_id, entry.offset, entry.at)
+        ctx = JobContext(job, held, self._forced, handler_queue, deadline_at=entry.at)
         entry.future = threads.submit(
-            functools.partial(context.run, self._sync_handler, ctx),
+            functools.partial(context.run, _run_sync, self._sync_handler, ctx),
             functools.partial(self._returned_on_thread, entry),
         )
+
+    def _expired(self, entry: _Running) -> None:
+        """Dead-letter a claimed task whose deadline passed before its handler started."""
+        job = entry.job
+        overdue = 0.0 if entry.at is None else max(0.0, time.monotonic() - entry.at)
+        if job.deadline is not None:
+            overdue = max(overdue, job.lease.leased_at - job.deadline)
+        error = DeadlineExceeded(f"task {job.task_id}", overdue_s=overdue)
+        entry.task = asyncio.create_task(self._conclude(entry, None, error))
 
     def _returned_on_thread(self, entry: _Running, _: Call[JSON]) -> None:
         """A sync handler returned (on its thread): have the loop collect it, waking the loop
@@ -523,13 +562,16 @@ class AsyncWorker:
         entry.began = True
         job, held = entry.job, entry.held
         assert held is not None
-        # Idempotent actions inside the handler are keyed on this task (each job runs in a task
-        # of its own, so this context is the job's).
+        # Idempotent actions inside the handler are keyed on this task, and its root task and
+        # deadline are in force (each job runs in a task of its own, so this context is the
+        # job's).
         enter_task(job.task_id, job.lease.attempt)
+        enter_work(job.root_id, entry.offset, entry.at)
+        ctx = AsyncJobContext(job, held, self._forced, self.queue, deadline_at=entry.at)
         result: JSON = None
         error: BaseException | None = None
         try:
-            result = await handler(AsyncJobContext(job, held, self._forced, self.queue))
+            result = await _run_until(entry.at, handler(ctx), job.task_id)
         except (asyncio.CancelledError, Exception) as exc:
             error = exc
         finally:
@@ -573,9 +615,12 @@ class AsyncWorker:
                 if held.lost.is_set():
                     self._refuse(job, "fail")
                     return
-                retry_in = self.settings.retry.retry_in(job.failures, error, self._rand)
+                retry_in, reason = self._retry_in(entry, error)
                 await self._writes.one(
-                    held, functools.partial(queue.fail, held.lease, error, retry_in=retry_in)
+                    held,
+                    functools.partial(
+                        queue.fail, held.lease, error, retry_in=retry_in, reason=reason
+                    ),
                 )
                 return
             if held.lost.is_set():
@@ -596,6 +641,18 @@ class AsyncWorker:
                 self._emit("completed", lease, lease_age=time.monotonic() - held.ok_at)
         finally:
             self._finish(entry)
+
+    def _retry_in(self, entry: _Running, error: BaseException) -> tuple[float | None, str | None]:
+        """When to retry a job whose handler raised ``error`` (``None``: dead-letter it), and
+        why it is given up on when the deadline decides: a deadline ends the tree, so a task
+        past it, or whose retry would start past it, is never retried."""
+        if isinstance(error, DeadlineExceeded):
+            return None, "deadline"
+        retry_in = self.settings.retry.retry_in(entry.job.failures, error, self._rand)
+        at = entry.at
+        if retry_in is not None and at is not None and time.monotonic() + retry_in >= at:
+            return None, "deadline"
+        return retry_in, None
 
     def _ran(self, entry: _Running) -> None:
         """A handler returned or raised: its slot is free for the next claimed task."""
@@ -706,10 +763,45 @@ class _Running:
     started: float = 0.0  # monotonic time its handler started
     over: bool = False  # finished: its lease is no longer tracked
     began: bool = False  # its async task took its first step
+    offset: float | None = None  # the store's clock minus the monotonic clock, at the claim
+    at: float | None = None  # the task's deadline on the monotonic clock
 
     @property
     def key(self) -> LeaseKey:
         return (self.job.lease.task_id, self.job.lease.token)
+
+
+def _run_sync(handler: SyncHandler, ctx: JobContext) -> JSON:
+    """Run a sync handler (on its thread, in the job's context): a result returned after the
+    task's deadline is not accepted (the deadline ended the tree; an async handler would have
+    been cancelled)."""
+    result = handler(ctx)
+    at = ctx.deadline_at
+    if at is not None:
+        now = time.monotonic()
+        if now >= at:
+            raise DeadlineExceeded(f"task {ctx.task_id}", overdue_s=now - at)
+    return result
+
+
+async def _run_until(at: float | None, work: Awaitable[JSON], task_id: str) -> JSON:
+    """Await an async handler, cancelled at the task's deadline ``at`` (monotonic), if any:
+    then :class:`~agentlease.errors.DeadlineExceeded` is raised in its place."""
+    if at is None:
+        return await work
+    loop = asyncio.get_running_loop()
+    # The loop's clock is time.monotonic() by default; convert in case it is another.
+    timer = asyncio.timeout_at(loop.time() + (at - time.monotonic()))
+    try:
+        async with timer:
+            result = await work
+    except TimeoutError as exc:
+        if not timer.expired():
+            raise  # the handler's own timeout, not the deadline
+        raise DeadlineExceeded(f"task {task_id}", overdue_s=time.monotonic() - at) from exc
+    if timer.expired():  # it swallowed the cancellation and returned: too late all the same
+        raise DeadlineExceeded(f"task {task_id}", overdue_s=time.monotonic() - at)
+    return result
 
 
 class Worker:

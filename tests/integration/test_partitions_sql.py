@@ -218,6 +218,7 @@ def _enqueue_sql(url: str, task_id: str, partition: str) -> dict[str, Any]:
         "partition": [partition],
         "queue_names": [QUEUE],
         "channels": [channel(parse(url).schema, QUEUE)],
+        "context": [None],
     }
 
 
@@ -303,6 +304,8 @@ def _check_upgraded(q: al.Queue) -> al.Job:
     """A store upgraded with an old task in it: the old task and partitions both work. Returns
     the leased job of the partition's second task."""
     assert q.get("old").partition is None
+    assert q.get("old").context_json is None  # no context: its own root, no deadline
+    assert q.get("old").root_id == "old"
     q.enqueue_many(QUEUE, [TaskSpec(id=f"n{i}", partition="p") for i in range(2)])
     assert q.stats(QUEUE).hot_partitions == (("p", 1),)
     jobs = q.claim(QUEUE, n=5, lease_for=5.0)

@@ -444,8 +444,8 @@ def revoked(pg: PG) -> Iterator[Callable[[str], None]]:
     ("revoke", "named"),
     [
         (
-            f"REVOKE EXECUTE ON FUNCTION {SCHEMA}.agentlease_claim_ranked FROM {WORKER}",
-            f"EXECUTE on function {SCHEMA}.agentlease_claim_ranked",
+            f"REVOKE EXECUTE ON FUNCTION {SCHEMA}.agentlease_claim_context FROM {WORKER}",
+            f"EXECUTE on function {SCHEMA}.agentlease_claim_context",
         ),
         (
             f"REVOKE UPDATE ON {SCHEMA}.agentlease_tasks FROM {WORKER}",

@@ -10,12 +10,15 @@ the backend performs each primitive as one atomic step on the store.
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 from types import TracebackType
 
 from agentlease import _validate as check
 from agentlease._codec import JSON, encode
+from agentlease._deadline import current_deadline, current_root
 from agentlease._events import Event, Events
 from agentlease._records import (
     Enqueued,
@@ -27,10 +30,11 @@ from agentlease._records import (
     Reaped,
     Task,
     TaskSpec,
+    encode_context,
 )
 from agentlease._settings import QueueSettings
 from agentlease.backends import Backend, connect
-from agentlease.errors import InvalidInput, LeaseLost, UnknownTask
+from agentlease.errors import InvalidInput, LeaseLost, ToolUnavailable, UnknownTask
 
 __all__ = ["Queue"]
 
@@ -85,6 +89,7 @@ class Queue:
     # -- producing ------------------------------------------------------------------------------
 
     def _new_task(self, queue: str, spec: TaskSpec) -> NewTask:
+        """The validated, encoded task (without its context: see :meth:`_with_context`)."""
         task_id = uuid.uuid4().hex if spec.id is None else check.task_id(spec.id)
         if spec.dedup_key is not None and (
             not isinstance(spec.dedup_key, str) or not 0 < len(spec.dedup_key) <= 500
@@ -101,6 +106,38 @@ class Queue:
             partition=None if spec.partition is None else check.partition(spec.partition),
         )
 
+    def _with_context(self, tasks: list[NewTask], specs: Sequence[TaskSpec]) -> list[NewTask]:
+        """The tasks with the context they inherit from the code enqueueing them.
+
+        The root: the root task of the handler running now (none outside a handler: each task
+        is its own root). The deadline: the earliest of the deadline in force (monotonic) and
+        each spec's own ``deadline`` (seconds from now), turned into an absolute time on the
+        store's clock with the offset the worker measured at the claim, or else with one
+        :meth:`now` of the store for the whole call.
+        """
+        work = current_root()
+        root = None if work is None else work.root
+        inherited = current_deadline()
+        start = time.monotonic()
+        deadlines: list[float | None] = []
+        for spec in specs:
+            at = inherited
+            if spec.deadline is not None:
+                own = start + check.duration(spec.deadline, "deadline")
+                at = own if at is None else min(at, own)
+            deadlines.append(at)
+        if root is None and all(at is None for at in deadlines):
+            return tasks
+        offset = None if work is None else work.store_offset
+        if offset is None and any(at is not None for at in deadlines):
+            store_now = self.backend.now()
+            offset = store_now - time.monotonic()
+        out: list[NewTask] = []
+        for task, at in zip(tasks, deadlines, strict=True):
+            store_at = None if at is None or offset is None else at + offset
+            out.append(replace(task, context_json=encode_context(root, store_at)))
+        return out
+
     def enqueue(
         self,
         queue: str,
@@ -111,8 +148,17 @@ class Queue:
         delay: float = 0.0,
         dedup_key: str | None = None,
         partition: str | None = None,
+        deadline: float | None = None,
     ) -> Enqueued:
         """Add one task.
+
+        Inside a handler the task inherits the running task's root task and the deadline in
+        force (:func:`agentlease.deadline`, or the one the running task carries); it keeps them
+        through retries and reclaims. The deadline is stored as an absolute time on the store's
+        clock, so workers on machines whose clocks disagree agree on it. A task whose deadline
+        has already passed is still enqueued: no worker runs it, the first to claim it
+        dead-letters it with reason ``deadline`` (so that the tree's end shows in the dead
+        letters instead of vanishing, and a caller racing the deadline needs no special case).
 
         Args:
             queue: the queue's name.
@@ -124,12 +170,16 @@ class Queue:
             partition: the resource the task writes to: while a task of the partition is
                 unfinished, later ones wait ``parked``, so one resource has one writer at a
                 time (in enqueue order) and different resources run in parallel.
+            deadline: seconds from now by which the task's whole tree of work must end (the
+                earlier of this and the deadline in force wins). A deadline ends the tree: a
+                task past it is dead-lettered, not retried.
 
         Returns:
             The task's id, and whether it was created (``False``: it existed already).
 
         Raises:
             InvalidName: bad queue name or id.
+            InvalidDuration: ``deadline`` is not a positive finite number.
             NotJSON, PayloadTooLarge: the payload was refused; nothing was written.
         """
         spec = TaskSpec(
@@ -139,23 +189,28 @@ class Queue:
             delay=delay,
             dedup_key=dedup_key,
             partition=partition,
+            deadline=deadline,
         )
-        (result,) = self.backend.enqueue([self._new_task(check.queue_name(queue), spec)])
+        task = self._new_task(check.queue_name(queue), spec)
+        (result,) = self.backend.enqueue(self._with_context([task], [spec]))
         return result
 
     def enqueue_many(self, queue: str, tasks: Iterable[TaskSpec | JSON]) -> list[Enqueued]:
         """Add many tasks in one atomic step: all are written or, on a refusal, none.
 
-        Each item is a :class:`TaskSpec` or a bare JSON payload.
+        Each item is a :class:`TaskSpec` or a bare JSON payload. The tasks inherit the root task
+        and deadline in force, as with :meth:`enqueue` (the store's clock is read at most once
+        for the whole call).
         """
         queue = check.queue_name(queue)
         specs = [
-            self._new_task(queue, t if isinstance(t, TaskSpec) else TaskSpec(payload=t))
+            t if isinstance(t, TaskSpec) else TaskSpec(payload=t)
             for t in check.items(tasks, "tasks")
         ]
         if not specs:
             return []
-        return self.backend.enqueue(specs)
+        new = [self._new_task(queue, spec) for spec in specs]
+        return self.backend.enqueue(self._with_context(new, specs))
 
     # -- consuming ------------------------------------------------------------------------------
 
@@ -277,10 +332,19 @@ class Queue:
         )
 
     def fail(
-        self, lease: Lease, error: BaseException | str, *, retry_in: float | None
+        self,
+        lease: Lease,
+        error: BaseException | str,
+        *,
+        retry_in: float | None,
+        reason: str | None = None,
     ) -> Task:
         """Record that the handler raised: retry after ``retry_in`` seconds, or dead-letter
         (``retry_in=None``). Fenced by the lease.
+
+        The error is stored as ``{"type", "message"}``, plus ``"reason"``: the ``reason``
+        given (why the task was given up on, e.g. ``"deadline"``), or else that of a
+        :class:`~agentlease.errors.ToolUnavailable` error (``DeadlineExceeded``: ``"deadline"``).
 
         Returns:
             The task as it now stands (``failed`` awaiting retry, or ``dead``).
@@ -288,7 +352,10 @@ class Queue:
         lease = check.lease(lease)
         if retry_in is not None:
             retry_in = check.non_negative(retry_in, "retry_in")
-        data = encode(_describe(error), what="error", limit=self.settings.max_payload_bytes)
+        described = _describe(error)
+        if reason is not None:
+            described["reason"] = str(reason)
+        data = encode(described, what="error", limit=self.settings.max_payload_bytes)
         try:
             task = self.backend.fail(lease, data, retry_in)
         except LeaseLost as exc:
@@ -397,4 +464,7 @@ def _pair(item: object) -> tuple[Lease, JSON]:
 def _describe(error: BaseException | str) -> dict[str, JSON]:
     if isinstance(error, str):
         return {"type": "Error", "message": error}
-    return {"type": type(error).__qualname__, "message": str(error)}
+    described: dict[str, JSON] = {"type": type(error).__qualname__, "message": str(error)}
+    if isinstance(error, ToolUnavailable):
+        described["reason"] = error.reason
+    return described

@@ -20,6 +20,17 @@ parked task (lowest sequence) if the partition is no longer busy: it becomes que
 scheduled if its ``run_at`` is still ahead. ``stats`` counts parked tasks and names up to five
 partitions with the most of them (``hot_partitions``).
 
+Task context. A task may carry ``context_json`` (:class:`~agentlease._records.NewTask`): a JSON
+object ``{"root": <task id>, "deadline": <seconds on the store's clock>}`` (either key
+optional) naming the root task it belongs to and the deadline of that tree of work. The store
+keeps it verbatim with the task, writes it only at enqueue, and returns it unchanged in every
+:class:`~agentlease._records.Job` that ``claim`` (and ``complete_and_claim``) hands out and every
+:class:`~agentlease._records.Task` that ``get``, ``dead`` and ``fail`` return; it belongs to the
+task, so it survives retries, reclaims and ``requeue_dead``. A task without one has
+``context_json=None`` (so do tasks stored before the store knew contexts). The store never
+reads it: what a deadline means is decided above the seam (the worker's claim compares it with
+the lease's ``leased_at``).
+
 Idempotency keys (``*_key`` primitives) live beside the tasks, one record per key, unique in the
 store. A key moves ``absent -> in_flight -> done | failed`` (or back to absent-like on release),
 each transition one atomic step. The holder of an in-flight reservation proves it with the
@@ -92,6 +103,7 @@ class Backend(Protocol):
 
         A task whose id exists, or whose dedup key exists in its queue, is not inserted and is
         reported with ``created=False`` and the existing id. ``delay > 0`` makes it ``scheduled``.
+        Each task's ``context_json`` is stored as given (see the module docstring).
         """
         ...
 
@@ -101,8 +113,8 @@ class Backend(Protocol):
         In that one step: promote due scheduled/failed tasks, reap expired leases of the queue
         (to the front if ``terms.reap_front``; dead-lettered past ``max_reclaims``), pick by
         priority (higher first) then sequence, mark leased with a fresh random token per task,
-        ``attempt += 1``, expiry from the store's clock. Returns the jobs in pick order and the
-        leases it reaped.
+        ``attempt += 1``, expiry from the store's clock. Returns the jobs in pick order (each with
+        its task's ``context_json``) and the leases it reaped.
         """
         ...
 

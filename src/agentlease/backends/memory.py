@@ -243,6 +243,7 @@ class MemoryBackend(MemoryKeys, MemoryState):
                         run_at=now + spec.delay,
                         dedup_key=spec.dedup_key,
                         partition=spec.partition,
+                        context_json=spec.context_json,
                     ),
                     seq=self._seq,
                 )
@@ -284,7 +285,13 @@ class MemoryBackend(MemoryKeys, MemoryState):
                 lease = Lease(task_id, queue, row.token, t.attempt + 1, now, expires)
                 jobs.append(
                     Job(
-                        lease, t.payload_json, t.checkpoint_json, t.priority, t.failures, t.reclaims
+                        lease,
+                        t.payload_json,
+                        t.checkpoint_json,
+                        t.priority,
+                        t.failures,
+                        t.reclaims,
+                        t.context_json,
                     )
                 )
             return jobs, reaped

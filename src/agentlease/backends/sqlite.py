@@ -72,11 +72,12 @@ __all__ = ["SQLiteBackend"]
 
 Q = queries("agentlease.backends.sql", "sqlite.sql")
 # 1: tasks and queues; 2: idempotency keys; 3: records, counters and locks; 4: partitions; 5:
-# counter holds; 6: retry budgets and circuit breakers. The schema is all "IF NOT EXISTS", so a
-# database at an older version is brought up to date by running it again, after the
-# upgrade_to_<version> steps that change tables it already has (versions 5 and 6 only add
-# tables: they need none).
-SCHEMA_VERSION = 6
+# counter holds; 6: retry budgets and circuit breakers; 7: a task's context (its root task and
+# deadline). The schema is all "IF NOT EXISTS", so a database at an older version is brought up
+# to date by running it again, after the upgrade_to_<version> steps that change tables it already
+# has (versions 5 and 6 only add tables: they need none; version 7 adds a column, NULL for the
+# tasks already there).
+SCHEMA_VERSION = 7
 
 
 def _translate(path: str, exc: sqlite3.Error) -> BackendError:
@@ -329,6 +330,7 @@ class SQLiteBackend(SQLiteKeys, SQLiteState):
                         "now": now,
                         "run_at": now + spec.delay,
                         "partition": spec.partition,
+                        "context": spec.context_json,
                     },
                 )
                 if cursor.rowcount == 1:
@@ -370,7 +372,7 @@ class SQLiteBackend(SQLiteKeys, SQLiteState):
         ).fetchall()
         rows.sort(key=lambda r: (-r[5], r[8]))
         jobs = [
-            Job(Lease(r[0], queue, r[1], r[2], now, expires), r[3], r[4], r[5], r[6], r[7])
+            Job(Lease(r[0], queue, r[1], r[2], now, expires), r[3], r[4], r[5], r[6], r[7], r[9])
             for r in rows
         ]
         return jobs, reaped

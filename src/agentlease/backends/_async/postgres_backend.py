@@ -3,7 +3,7 @@
 Atomicity: every primitive is ONE SQL statement (named in ``sql/postgres.sql``) on a pooled
 connection in autocommit mode, so each is its own transaction and one round trip:
 
-* ``claim`` calls ``agentlease_claim_ranked()`` (``sql/postgres_migrations``), which in one
+* ``claim`` calls ``agentlease_claim_context()`` (``sql/postgres_migrations``), which in one
   transaction promotes due tasks, reaps expired leases, picks up to ``n`` ready tasks (``FOR
   UPDATE SKIP LOCKED`` + ``LIMIT``) and leases them with one ``UPDATE ... RETURNING``; each step
   sees the one before, so the task a claim reaps goes to the front and this same claim may lease
@@ -17,9 +17,12 @@ connection in autocommit mode, so each is its own transaction and one round trip
 * ``enqueue`` inserts the whole batch in one statement (all or nothing); writes that make work
   ready send ``pg_notify`` in that same statement, delivered only if it commits.
 * partitions (migration ``0004_partitions``, whose comments give the reasoning): a batch with
-  partitions is one call of ``agentlease_enqueue()``, which, like ``requeue_dead``, parks a task
-  of a busy partition; a trigger starts the next one inside the statement that makes a task done
-  or dead. Whoever decides whether a partition is busy takes its advisory lock first.
+  partitions is one call of ``agentlease_enqueue_context()``, which, like ``requeue_dead``,
+  parks a task of a busy partition; a trigger starts the next one inside the statement that
+  makes a task done or dead. Whoever decides whether a partition is busy takes its advisory
+  lock first.
+* task contexts (migration ``0008_task_context``): a ``context`` JSON column written by enqueue
+  only, returned by claim (in each job), get, dead and fail.
 * idempotency keys (migration ``0002_keys``) are one function call or statement each, in
   :mod:`.postgres_keys`; results and errors are ``bytea``, kept as the client's bytes.
 * versioned records, bounded counters and lock sets (migration ``0003_state``) are one function
@@ -233,6 +236,7 @@ class AsyncPostgresBackend(PostgresKeys, PostgresState):
             "max_reclaims": [t.max_reclaims for t in tasks],
             "delay": [float(t.delay) for t in tasks],
             "partition": [t.partition for t in tasks],
+            "context": [t.context_json for t in tasks],
             "queue_names": names,
             "channels": [self._channel(name) for name in names],
         }
@@ -488,9 +492,10 @@ def _claimed(queue: str, rows: Sequence[Any]) -> tuple[list[Job], list[Reaped]]:
     reaped: list[Reaped] = []
     for task_id, outcome, token, attempt, payload, checkpoint, *rest in rows:
         if outcome is None:
-            priority, failures, reclaims, leased_at, expires_at, rank = rest
+            priority, failures, reclaims, leased_at, expires_at, rank, context = rest
             lease = Lease(task_id, queue, token, attempt, leased_at, expires_at)
-            ranked.append((rank, Job(lease, payload, checkpoint, priority, failures, reclaims)))
+            job = Job(lease, payload, checkpoint, priority, failures, reclaims, context)
+            ranked.append((rank, job))
         else:
             reaped.append(Reaped(task_id, queue, attempt, outcome))
     ranked.sort(key=_rank)  # the rows come in no order; the jobs go in pick order

@@ -160,6 +160,7 @@ class RedisBackend(RedisKeys, RedisState):
                     spec.dedup_key or "",
                     spec.max_reclaims,
                     spec.partition or "",
+                    spec.context_json or b"",
                 )
             calls.append(("SADD", self._queues, queue))
             calls.append(("EVALSHA", "enqueue", queue_keys(self._prefix, queue).enqueue, args))

@@ -24,6 +24,8 @@ on one Redis Cluster shard and every script is given all the keys it touches:
 ``{p:q}:p``                 hash: task id -> payload JSON, when it is longer
 ``{p:q}:r`` ``:g`` ``:c``   hashes: task id -> result / progress / checkpoint JSON, when set
 ``{p:q}:e``                 hash: task id -> last error JSON, when set
+``{p:q}:x``                 hash: task id -> its context JSON (root task, deadline), for the
+                            tasks enqueued with one; absent while no task of the queue had one
 ``{p:q}:n``                 hash: the sequence counter, the count of failed tasks (the
                             other counts are sizes of hashes and ZSETs: ``stats`` is O(1)),
                             and ``wake``: a time no later than any score of ``:w`` and any
@@ -348,21 +350,22 @@ def queue_keys(prefix: str, queue: str) -> QueueKeys:
     tag = f"{{{prefix}:{queue}}}:"
     t, p, r, g, c, e, n, q, w, i, d, k = (tag + s for s in "tprgcenqwldk")
     pb, pk, ph = tag + "pb", tag + "pk", tag + "ph"  # partitions: busy, parked, hot
+    x = tag + "x"  # task contexts
     return QueueKeys(
-        enqueue=(t, p, n, q, w, i, k, pb, pk, ph),
-        claim=(t, p, c, e, n, q, w, i, d, pb, pk, ph),
+        enqueue=(t, p, n, q, w, i, k, pb, pk, ph, x),
+        claim=(t, p, c, e, n, q, w, i, d, pb, pk, ph, x),
         extend=(t, n, i),
         complete=(t, r, i, n, q, w, pb, pk, ph),
         complete_many=(t, r, i, n, q, w, pb, pk, ph),
-        fail=(t, p, r, g, c, e, n, i, w, d, q, pb, pk, ph),
+        fail=(t, p, r, g, c, e, n, i, w, d, q, pb, pk, ph, x),
         release=(t, n, i, q),
         progress=(t, g, c),
         reap=(t, e, n, q, i, d, w, pb, pk, ph),
         requeue_dead=(t, n, q, i, d, pb, pk, ph),
-        get=(t, p, r, g, c, e),
+        get=(t, p, r, g, c, e, x),
         stats=(t, n, q, w, i, d, pk, ph),
         inspect=(t, n, i),
-        dead=(t, p, r, g, c, e, n, d),
+        dead=(t, p, r, g, c, e, n, d, x),
     )
 
 
@@ -416,6 +419,7 @@ def task_from(queue: str, v: list[Any]) -> Task:
         result_json=v[16],
         error_json=v[17],
         partition=None if v[18] is None else v[18].decode(),
+        context_json=v[19] if len(v) > 19 else None,
     )
 
 
@@ -440,8 +444,9 @@ def jobs_from(
             v[i + 4],
             v[i + 5],
             v[i + 6],
+            v[i + 7],
         )
-        for j, i in enumerate(range(0, len(v), 7))
+        for j, i in enumerate(range(0, len(v), 8))
     ]
 
 

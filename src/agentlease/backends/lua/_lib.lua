@@ -15,7 +15,9 @@
 -- then, only for a task that has one, its partition (a record without it reads as partition nil,
 -- so records written before partitions existed need no change).
 -- Bigger values live in their own hashes of the queue (payloads, results, progress, checkpoints,
--- errors), so that a claim or a heartbeat never rewrites them.
+-- errors), so that a claim or a heartbeat never rewrites them; so does a task's context (its root
+-- task and deadline, JSON as enqueued: {prefix:queue}:x), which only tasks that have one write,
+-- so a record's layout is the same with or without it.
 --
 -- The order serves the hot paths: what complete, extend and claim change comes first, so they
 -- decode only the head of a record (cmsgpack.unpack_limit) and write it back with the bytes of
@@ -263,7 +265,8 @@ local function payload(payloads, id, rec)
 end
 
 -- @helper task_reply: fmt payload
--- Everything get() shows of a task, as one flat array (see lua.task_from).
+-- Everything get() shows of a task, as one flat array (see lua.task_from). K.contexts is the
+-- contexts hash.
 local function task_reply(K, id, rec)
   return {
     id, STATES[rec[F_STATE]], rec[F_PRIO], rec[F_ATTEMPT], rec[F_RECLAIMS], rec[F_FAILURES],
@@ -272,5 +275,6 @@ local function task_reply(K, id, rec)
     payload(K.payloads, id, rec), redis.call('HGET', K.progress, id),
     redis.call('HGET', K.checkpoints, id), redis.call('HGET', K.results, id),
     redis.call('HGET', K.errors, id), rec[F_PART] or false,
+    redis.call('HGET', K.contexts, id),
   }
 end

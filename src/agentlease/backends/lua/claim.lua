@@ -16,15 +16,17 @@
 -- helpers: clock save_head
 -- KEYS: 1 tasks, 2 payloads, 3 checkpoints, 4 errors, 5 counters, 6 ready, 7 waiting,
 --       8 index, 9 dead, 10 busy (partition -> busy tasks), 11 parked, 12 hot (partition ->
---       minus its parked tasks)
+--       minus its parked tasks), 13 contexts
 -- ARGV: 1 the terms, separated by single spaces: n, lease_for seconds, max_total seconds,
 --       progress_timeout seconds ('-' for none), reap to the front (1) or the back (0), cap on
 --       promotions and on reaps; 2 n tokens of 32 characters, concatenated
 -- Returns: {seconds, microseconds, expires_at, jobs, reaped}: now as TIME's two integers;
 --          expires_at of the leases granted, as an exact '%.17g' string (nil if none); jobs
---          flat, 7 values per job in pick order: id, attempt, payload, checkpoint (nil if none),
---          priority, failures, reclaims (the j-th job holds the j-th token); reaped flat, 3
---          values each: id, attempt, 'requeued' | 'dead'.
+--          flat, 8 values per job in pick order: id, attempt, payload, checkpoint (nil if none),
+--          priority, failures, reclaims, context (nil if none) (the j-th job holds the j-th
+--          token); reaped flat, 3 values each: id, attempt, 'requeued' | 'dead'.
+-- A queue none of whose tasks ever had a context has no contexts hash: one EXISTS per claim,
+-- then no read per job.
 local tasks, payloads, checkpoints, counters = KEYS[1], KEYS[2], KEYS[3], KEYS[5]
 local ready, waiting, index = KEYS[6], KEYS[7], KEYS[8]
 local n, lease_for, max_total, ptimeout, front, cap =
@@ -101,8 +103,10 @@ if count == 1 then
   redis.call('ZADD', index, expires_s, id)
   local checkpoint = false
   if checkpointed then checkpoint = redis.call('HGET', checkpoints, id) end
+  local context = false
+  if redis.call('EXISTS', KEYS[13]) == 1 then context = redis.call('HGET', KEYS[13], id) end
   jobs = {id, attempt, inline or redis.call('HGET', payloads, id), checkpoint, prio, failures,
-          reclaims}
+          reclaims, context}
   return {time[1], time[2], expires_s, jobs, reaped}
 end
 -- A batch: the records are read with one HMGET and written back with one HSET, the index with
@@ -119,6 +123,7 @@ local leased, until_ = cmsgpack.pack(LEASED), cmsgpack.pack(expires)
 local since = cmsgpack.pack(now, deadline, ptimeout, now)
 local token_header = string.sub(cmsgpack.pack(string.sub(tokens, 1, 32)), 1, -33)
 local records, scores = {}, {}
+local contexts = redis.call('EXISTS', KEYS[13]) == 1
 for c = 1, count, 1000 do
   local last = math.min(c + 999, count)
   local raws = redis.call('HMGET', tasks, unpack(ids, c, last))
@@ -154,6 +159,7 @@ for c = 1, count, 1000 do
     jobs[b + 5] = prio
     jobs[b + 6] = failures
     jobs[b + 7] = reclaims
+    jobs[b + 8] = contexts and redis.call('HGET', KEYS[13], id)
   end
 end
 for c = 1, #records, 1000 do

@@ -2,12 +2,13 @@
 -- dead: the dead-lettered tasks of one queue, most recent first, in one snapshot.
 --
 -- helpers: load task_reply
--- KEYS: 1 tasks, 2 payloads, 3 results, 4 progress, 5 checkpoints, 6 errors, 7 counters, 8 dead
+-- KEYS: 1 tasks, 2 payloads, 3 results, 4 progress, 5 checkpoints, 6 errors, 7 counters, 8 dead,
+--       9 contexts
 -- ARGV: 1 limit
 -- Returns: a list of tasks, each as get.lua returns one; nil if nothing was ever enqueued to the
 --          queue.
 local K = {tasks = KEYS[1], payloads = KEYS[2], results = KEYS[3], progress = KEYS[4],
-           checkpoints = KEYS[5], errors = KEYS[6]}
+           checkpoints = KEYS[5], errors = KEYS[6], contexts = KEYS[9]}
 local counters, dead = KEYS[7], KEYS[8]
 if redis.call('EXISTS', counters) == 0 then return false end
 local out = {}

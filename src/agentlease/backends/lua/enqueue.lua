@@ -10,15 +10,15 @@
 -- helpers: clock save member lower_wake park
 -- KEYS: 1 tasks, 2 payloads, 3 counters (the sequence, claim's wake time), 4 ready, 5 waiting,
 --       6 index (leases by expiry, queued tasks), 7 dedup keys, 8 busy (partition -> busy
---       tasks), 9 parked, 10 hot (partition -> minus its parked tasks)
+--       tasks), 9 parked, 10 hot (partition -> minus its parked tasks), 11 contexts
 -- ARGV: 1 request nonce (a retry of this same request reports the tasks it created as created),
---       2 number of tasks, then 7 values per task:
+--       2 number of tasks, then 8 values per task:
 --       id, payload JSON, priority, delay in seconds, dedup key ('' for none), max_reclaims,
---       partition ('' for none)
+--       partition ('' for none), context JSON ('' for none)
 -- Returns: {created, id, created, id, ...}: created is 1 or 0, id is the created or existing task.
 local K = {tasks = KEYS[1], payloads = KEYS[2], counters = KEYS[3], ready = KEYS[4],
            waiting = KEYS[5], index = KEYS[6], dedup = KEYS[7], busy = KEYS[8],
-           parked = KEYS[9], hot = KEYS[10]}
+           parked = KEYS[9], hot = KEYS[10], contexts = KEYS[11]}
 local nonce, count = ARGV[1], tonumber(ARGV[2])
 local now = clock()
 local out = {}
@@ -27,7 +27,7 @@ local seq = nil
 local soonest = nil  -- the earliest run_at of the delayed tasks created
 
 for i = 0, count - 1 do
-  local b = 3 + i * 7
+  local b = 3 + i * 8
   local id, payload, key = ARGV[b], ARGV[b + 1], ARGV[b + 4]
   local existing = nil
   local raw = redis.call('HGET', K.tasks, id)
@@ -82,6 +82,7 @@ for i = 0, count - 1 do
       redis.call('HSET', K.payloads, id, payload)
     end
     save(K.tasks, id, rec)
+    if ARGV[b + 7] ~= '' then redis.call('HSET', K.contexts, id, ARGV[b + 7]) end
     if dedup then redis.call('HSET', K.dedup, dedup, id) end
     made[id] = true
     out[#out + 1] = 1

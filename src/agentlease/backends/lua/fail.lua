@@ -6,13 +6,14 @@
 -- helpers: clock fence save task_reply lower_wake
 -- KEYS: 1 tasks, 2 payloads, 3 results, 4 progress, 5 checkpoints, 6 errors, 7 counters,
 --       8 index (leases by expiry, queued tasks), 9 waiting, 10 dead, 11 ready, 12 busy
---       (partition -> busy tasks), 13 parked, 14 hot (partition -> minus its parked tasks)
+--       (partition -> busy tasks), 13 parked, 14 hot (partition -> minus its parked tasks),
+--       15 contexts
 -- ARGV: 1 task id, 2 token, 3 request nonce, 4 error JSON, 5 retry_in seconds ('' to dead-letter)
 -- Returns: {'ok', task...} with the task as it now stands (the values of get.lua), or
 --          {'replayed', task...} for a retry of this same request, or {'lost', current attempt,
 --          state, reason}, or {'unknown'}.
 local K = {tasks = KEYS[1], payloads = KEYS[2], results = KEYS[3], progress = KEYS[4],
-           checkpoints = KEYS[5], errors = KEYS[6]}
+           checkpoints = KEYS[5], errors = KEYS[6], contexts = KEYS[15]}
 local counters, index, waiting, dead = KEYS[7], KEYS[8], KEYS[9], KEYS[10]
 local id, token, nonce, err = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local retry_in = tonumber(ARGV[5])

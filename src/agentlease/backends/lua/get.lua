@@ -2,14 +2,14 @@
 -- get: read one task of one queue in one consistent snapshot.
 --
 -- helpers: load task_reply
--- KEYS: 1 tasks, 2 payloads, 3 results, 4 progress, 5 checkpoints, 6 errors
+-- KEYS: 1 tasks, 2 payloads, 3 results, 4 progress, 5 checkpoints, 6 errors, 7 contexts
 -- ARGV: 1 task id
 -- Returns: the task, flat: id, state, priority, attempt, reclaims, failures, max_reclaims,
 --          created_at, run_at, dedup key, leased_at, expires_at, finished_at, payload, progress,
---          checkpoint, result, error, partition (times as strings; absent values nil); nil if no
---          such task.
+--          checkpoint, result, error, partition, context (times as strings; absent values nil);
+--          nil if no such task.
 local K = {tasks = KEYS[1], payloads = KEYS[2], results = KEYS[3], progress = KEYS[4],
-           checkpoints = KEYS[5], errors = KEYS[6]}
+           checkpoints = KEYS[5], errors = KEYS[6], contexts = KEYS[7]}
 local rec = load(K.tasks, ARGV[1])
 if not rec then return false end
 return task_reply(K, ARGV[1], rec)

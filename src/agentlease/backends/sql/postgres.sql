@@ -40,14 +40,17 @@ WITH c AS MATERIALIZED (
     ON CONFLICT DO NOTHING
 ), created AS (
     INSERT INTO agentlease_tasks
-        (id, queue, state, priority, seq, payload, dedup_key, max_reclaims, created_at, run_at)
+        (id, queue, state, priority, seq, payload, dedup_key, max_reclaims, created_at, run_at,
+         context)
     SELECT i.id, i.queue, CASE WHEN i.delay > 0 THEN 'scheduled' ELSE 'queued' END, i.priority,
            nextval('agentlease_seq'), i.payload, i.dedup_key, i.max_reclaims, c.now,
-           c.now + make_interval(secs => i.delay)
+           c.now + make_interval(secs => i.delay), i.context
     FROM c, unnest(
         %(id)s::text[], %(queue)s::text[], %(priority)s::integer[], %(payload)s::json[],
-        %(dedup_key)s::text[], %(max_reclaims)s::integer[], %(delay)s::float8[]
-    ) WITH ORDINALITY AS i(id, queue, priority, payload, dedup_key, max_reclaims, delay, ord)
+        %(dedup_key)s::text[], %(max_reclaims)s::integer[], %(delay)s::float8[],
+        %(context)s::json[]
+    ) WITH ORDINALITY
+        AS i(id, queue, priority, payload, dedup_key, max_reclaims, delay, context, ord)
     ORDER BY i.ord
     ON CONFLICT DO NOTHING
     RETURNING id, queue, dedup_key
@@ -57,14 +60,15 @@ SELECT array(SELECT id FROM created), array(SELECT queue FROM created),
        (SELECT count(pg_notify(ch, '')) FROM unnest(%(channels)s::text[]) AS n(ch));
 
 -- name: enqueue_partitioned
--- A batch with partitions: one call of agentlease_enqueue() (postgres_migrations/
--- 0004_partitions.sql), all or nothing, which also parks each task of a busy partition. Returns
--- who was created as three aligned arrays (id, queue, dedup key).
+-- A batch with partitions: one call of agentlease_enqueue_context() (postgres_migrations/
+-- 0008_task_context.sql; agentlease_enqueue() of 0004_partitions.sql with the tasks' contexts),
+-- all or nothing, which also parks each task of a busy partition. Returns who was created as
+-- three aligned arrays (id, queue, dedup key).
 SELECT ids, queues, dedup_keys
-FROM agentlease_enqueue(
+FROM agentlease_enqueue_context(
     %(id)s::text[], %(queue)s::text[], %(priority)s::integer[], %(payload)s::json[],
     %(dedup_key)s::text[], %(max_reclaims)s::integer[], %(delay)s::float8[],
-    %(partition)s::text[], %(queue_names)s::text[], %(channels)s::text[]
+    %(partition)s::text[], %(queue_names)s::text[], %(channels)s::text[], %(context)s::json[]
 );
 
 -- name: find_existing
@@ -76,11 +80,12 @@ FROM unnest(%(queue)s::text[], %(dedup_key)s::text[]) AS k(queue, dedup_key)
 JOIN agentlease_tasks t ON t.queue = k.queue AND t.dedup_key = k.dedup_key;
 
 -- name: claim
--- One call of agentlease_claim_ranked() (postgres_migrations/0006_leaner_calls.sql): the reaped
--- leases and the jobs, each job with its rank in pick order (the rows come in no order).
+-- One call of agentlease_claim_context() (postgres_migrations/0008_task_context.sql;
+-- agentlease_claim_ranked() of 0006_leaner_calls.sql with each job's context): the reaped leases
+-- and the jobs, each job with its rank in pick order (the rows come in no order).
 SELECT task_id, reaped, token, attempt, payload, checkpoint, priority, failures, reclaims,
-       leased_at, expires_at, rank
-FROM agentlease_claim_ranked(
+       leased_at, expires_at, rank, context
+FROM agentlease_claim_context(
     %(queue)s::text, %(n)s::integer, %(lease_for)s::float8, %(max_total)s::float8,
     %(progress_timeout)s::float8, %(front)s::boolean
 );
@@ -120,7 +125,8 @@ SELECT f.id, f.queue, f.state, f.priority, f.payload, f.attempt, f.reclaims, f.f
        f.max_reclaims, extract(epoch FROM f.created_at)::float8,
        extract(epoch FROM f.run_at)::float8, f.dedup_key, extract(epoch FROM f.leased_at)::float8,
        extract(epoch FROM f.expires_at)::float8, extract(epoch FROM f.finished_at)::float8,
-       f.progress, f.checkpoint, f.result, f.error, f.partition, pg_notify(%(channel)s, '')::text
+       f.progress, f.checkpoint, f.result, f.error, f.partition, f.context,
+       pg_notify(%(channel)s, '')::text
 FROM failed f;
 
 -- name: fail_dead
@@ -132,7 +138,7 @@ RETURNING id, queue, state, priority, payload, attempt, reclaims, failures, max_
           extract(epoch FROM created_at)::float8, extract(epoch FROM run_at)::float8, dedup_key,
           extract(epoch FROM leased_at)::float8, extract(epoch FROM expires_at)::float8,
           extract(epoch FROM finished_at)::float8, progress, checkpoint, result, error,
-          partition;
+          partition, context;
 
 -- name: release
 -- Notifies idle workers in the same statement (delivered at commit).
@@ -161,7 +167,8 @@ WHERE id = %(id)s;
 SELECT id, queue, state, priority, payload, attempt, reclaims, failures, max_reclaims,
        extract(epoch FROM created_at)::float8, extract(epoch FROM run_at)::float8, dedup_key,
        extract(epoch FROM leased_at)::float8, extract(epoch FROM expires_at)::float8,
-       extract(epoch FROM finished_at)::float8, progress, checkpoint, result, error, partition
+       extract(epoch FROM finished_at)::float8, progress, checkpoint, result, error, partition,
+       context
 FROM agentlease_tasks WHERE id = %(id)s;
 
 -- name: stats
@@ -217,7 +224,7 @@ SELECT t.id, t.queue, t.state, t.priority, t.payload, t.attempt, t.reclaims, t.f
        extract(epoch FROM t.run_at)::float8, t.dedup_key,
        extract(epoch FROM t.leased_at)::float8, extract(epoch FROM t.expires_at)::float8,
        extract(epoch FROM t.finished_at)::float8, t.progress, t.checkpoint, t.result, t.error,
-       t.partition
+       t.partition, t.context
 FROM agentlease_queues q
 LEFT JOIN LATERAL (
     SELECT * FROM agentlease_tasks d

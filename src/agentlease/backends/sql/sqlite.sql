@@ -45,7 +45,8 @@ CREATE TABLE IF NOT EXISTS agentlease_tasks (
     checkpoint       BLOB,
     result           BLOB,
     error            BLOB,
-    partition        TEXT
+    partition        TEXT,
+    context          BLOB
 );
 -- Partial indexes: claim, promotion and reaping touch only live rows, so their cost does not grow
 -- with the number of finished tasks.
@@ -176,6 +177,11 @@ END;
 -- need the column, and CREATE TABLE IF NOT EXISTS leaves an existing table as it is.
 ALTER TABLE agentlease_tasks ADD COLUMN partition TEXT;
 
+-- name: upgrade_to_7
+-- Run before the schema when a database older than version 7 is opened: a task's context (its
+-- root task and deadline, JSON kept as enqueued), NULL for the tasks it already has.
+ALTER TABLE agentlease_tasks ADD COLUMN context BLOB;
+
 -- name: bump_seq
 INSERT INTO agentlease_queues (name, seq) VALUES (:queue, :count)
 ON CONFLICT (name) DO UPDATE SET seq = seq + :count
@@ -183,16 +189,18 @@ RETURNING seq;
 
 -- name: insert_task
 INSERT OR IGNORE INTO agentlease_tasks
-    (id, queue, state, priority, seq, payload, dedup_key, max_reclaims, created_at, run_at)
+    (id, queue, state, priority, seq, payload, dedup_key, max_reclaims, created_at, run_at,
+     context)
 VALUES
-    (:id, :queue, :state, :priority, :seq, :payload, :dedup_key, :max_reclaims, :now, :run_at);
+    (:id, :queue, :state, :priority, :seq, :payload, :dedup_key, :max_reclaims, :now, :run_at,
+     :context);
 
 -- name: insert_partitioned
 -- A task with a partition: parked when the partition is busy, which includes a task inserted
 -- earlier in the same transaction (an earlier task of the same enqueue call).
 INSERT OR IGNORE INTO agentlease_tasks
     (id, queue, state, priority, seq, payload, dedup_key, max_reclaims, created_at, run_at,
-     partition)
+     partition, context)
 VALUES
     (:id, :queue,
      CASE WHEN EXISTS (
@@ -200,7 +208,7 @@ VALUES
          WHERE queue = :queue AND partition = :partition
            AND state IN ('scheduled', 'queued', 'leased', 'failed')
      ) THEN 'parked' ELSE :state END,
-     :priority, :seq, :payload, :dedup_key, :max_reclaims, :now, :run_at, :partition);
+     :priority, :seq, :payload, :dedup_key, :max_reclaims, :now, :run_at, :partition, :context);
 
 -- name: find_existing
 SELECT id FROM agentlease_tasks
@@ -241,7 +249,7 @@ SET state = 'leased', token = lower(hex(randomblob(16))), attempt = attempt + 1,
 WHERE id IN (SELECT id FROM agentlease_tasks
              WHERE queue = :queue AND state = 'queued'
              ORDER BY priority DESC, seq LIMIT :n)
-RETURNING id, token, attempt, payload, checkpoint, priority, failures, reclaims, seq;
+RETURNING id, token, attempt, payload, checkpoint, priority, failures, reclaims, seq, context;
 
 -- name: extend
 -- The new expiry is agentlease._policy.lease.lease_expiry, written in SQL.
@@ -264,7 +272,7 @@ SET state = 'failed', failures = failures + 1, error = :error, run_at = :now + :
 WHERE id = :id AND token = :token AND state = 'leased' AND expires_at > :now
 RETURNING id, queue, state, priority, payload, attempt, reclaims, failures, max_reclaims,
           created_at, run_at, dedup_key, leased_at, expires_at, finished_at, progress, checkpoint,
-          result, error, partition;
+          result, error, partition, context;
 
 -- name: fail_dead
 UPDATE agentlease_tasks
@@ -273,7 +281,7 @@ SET state = 'dead', failures = failures + 1, error = :error, finished_at = :now,
 WHERE id = :id AND token = :token AND state = 'leased' AND expires_at > :now
 RETURNING id, queue, state, priority, payload, attempt, reclaims, failures, max_reclaims,
           created_at, run_at, dedup_key, leased_at, expires_at, finished_at, progress, checkpoint,
-          result, error, partition;
+          result, error, partition, context;
 
 -- name: release
 UPDATE agentlease_tasks
@@ -292,7 +300,7 @@ SELECT attempt, state, token, expires_at FROM agentlease_tasks WHERE id = :id;
 -- name: get
 SELECT id, queue, state, priority, payload, attempt, reclaims, failures, max_reclaims,
        created_at, run_at, dedup_key, leased_at, expires_at, finished_at, progress, checkpoint,
-       result, error, partition
+       result, error, partition, context
 FROM agentlease_tasks WHERE id = :id;
 
 -- name: queue_exists
@@ -322,7 +330,7 @@ ORDER BY expires_at, id LIMIT :limit;
 -- name: dead
 SELECT id, queue, state, priority, payload, attempt, reclaims, failures, max_reclaims,
        created_at, run_at, dedup_key, leased_at, expires_at, finished_at, progress, checkpoint,
-       result, error, partition
+       result, error, partition, context
 FROM agentlease_tasks WHERE queue = :queue AND state = 'dead'
 ORDER BY finished_at DESC, id LIMIT :limit;
 
