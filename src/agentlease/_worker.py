@@ -104,6 +104,7 @@ Handler: TypeAlias = SyncHandler | AsyncHandler
 LeaseKey: TypeAlias = tuple[str, str]
 
 _UNWIND = 1.0  # seconds cancelled handlers get to unwind once shutdown is forced
+_MAX_ROOTS = 10_000  # root tasks whose unsent calls the retry budgets remember
 _SHORT_TASK = 0.05  # tasks are claimed ahead of free slots while handlers take less (seconds)
 
 
@@ -142,6 +143,7 @@ class AsyncWorker:
         self._interval = heartbeat_interval(self.settings, queue.settings)
         self._call_timeout = queue.settings.lease_for / 3  # the bound of a heartbeat or final write
         self._rand = random.Random(self.settings.seed)
+        self._calls: dict[str, int] = {}  # per root task: first attempts not yet sent
         self._stopping = threading.Event()
         self._forced = threading.Event()
         self._writes = FinalWrites(queue, self._call_timeout, self._forced, self._rand)
@@ -604,6 +606,8 @@ class AsyncWorker:
         queue, job, held = self.queue, entry.job, entry.held
         assert held is not None
         lease = job.lease
+        if job.lease.attempt == 1 and self.settings.retry.budget_ratio is not None:
+            self._calls[job.root_id] = self._calls.get(job.root_id, 0) + 1  # a new call
         try:
             if isinstance(error, asyncio.CancelledError | Cancelled):
                 if not held.lost.is_set():  # else the lease is gone: nothing may be written
@@ -616,6 +620,8 @@ class AsyncWorker:
                     self._refuse(job, "fail")
                     return
                 retry_in, reason = self._retry_in(entry, error)
+                if retry_in is not None and not await self._budget_allows(job):
+                    retry_in, reason = None, "retry_budget"
                 await self._writes.one(
                     held,
                     functools.partial(
@@ -641,6 +647,36 @@ class AsyncWorker:
                 self._emit("completed", lease, lease_age=time.monotonic() - held.ok_at)
         finally:
             self._finish(entry)
+
+    async def _budget_allows(self, job: Job) -> bool:
+        """Whether the retry budget of ``job``'s root task lets it retry (one atomic step on
+        the store, sending the calls counted here since the last one). A budget the store cannot
+        answer for now lets the retry policy decide alone, with a warning."""
+        policy = self.settings.retry
+        if policy.budget_ratio is None:
+            return True
+        root = job.root_id
+        calls = self._calls.pop(root, 0)
+        try:
+            got = await self.queue.backend.retry_budget(
+                f"retry:{root}",
+                calls,
+                True,
+                float(policy.budget_ratio),
+                policy.budget_minimum,
+                policy.budget_ttl,
+            )
+        except BackendError as exc:
+            self._calls[root] = self._calls.get(root, 0) + calls
+            logger.warning(
+                "retry budget of root task %s unavailable (%s): the retry policy decides alone",
+                root,
+                exc,
+            )
+            return True
+        if len(self._calls) > _MAX_ROOTS:  # roots that never retried: their calls go unsent
+            self._calls.clear()
+        return got.granted
 
     def _retry_in(self, entry: _Running, error: BaseException) -> tuple[float | None, str | None]:
         """When to retry a job whose handler raised ``error`` (``None``: dead-letter it), and

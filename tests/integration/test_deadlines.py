@@ -214,3 +214,40 @@ def test_a_sqlite_database_of_version_5_gains_task_contexts(tmp_path: Path) -> N
     db = sqlite3.connect(path)
     assert db.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)
     db.close()
+
+
+def test_task_retries_draw_on_the_root_tasks_retry_budget(store: Store) -> None:
+    """A parent's handler fans out four children that always fail; their retries share the
+    root task's budget (ratio 0, minimum 2): two retries in all, then dead letters with reason
+    ``retry_budget``, and handler-level budgets of the same root see the same count."""
+    q = store.queue()
+    policy = al.RetryPolicy(
+        max_failures=5, base=0.001, cap=0.001, budget_ratio=0.0, budget_minimum=2
+    )
+    settings = al.WorkerSettings(poll_interval=0.05, shutdown_grace=5.0, retry=policy)
+    q.enqueue(Q, {}, id="root-task")
+    runs: list[str] = []
+
+    def handler(ctx: al.JobContext) -> al.JSON:
+        if ctx.task_id == "root-task":
+            for n in range(4):
+                q.enqueue(KIDS, {}, id=f"kid-{n}")
+            return None
+        runs.append(ctx.task_id)
+        raise ConnectionError("the dependency is down")
+
+    al.Worker(q, Q, handler, settings=settings).run(burst=True, handle_signals=False)
+    al.Worker(q, KIDS, handler, settings=settings).run(burst=True, handle_signals=False)
+    kids = [q.get(f"kid-{n}") for n in range(4)]
+    assert all(k.state == "dead" for k in kids)
+    assert len(runs) == 4 + 2  # four first attempts, two retries granted by the shared budget
+    reasons = sorted(str(k.error["reason"]) for k in kids)  # type: ignore[index, call-overload]
+    assert reasons == ["retry_budget"] * 4
+    state = (
+        al.SharedState(q.backend) if store.kind == "memory" else al.SharedState.connect(store.url)
+    )
+    with pytest.raises(al.RetryBudgetExhausted) as caught:
+        al.RetryBudget(state, scope="root-task", ratio=0.0, minimum=2).acquire_retry()
+    assert caught.value.retries == 2
+    if store.kind != "memory":
+        state.close()
