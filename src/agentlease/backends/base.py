@@ -307,6 +307,10 @@ class Backend(Protocol):
         With ``units`` (>= 0), settle instead: keep ``units`` taken rather than the units held,
         so the counter's value moves by ``units - held`` in the same step, with no bound
         checked (the hold reserved the room; the actual amount is what it is).
+
+        Redis keeps a committed hold's token as a tombstone until the hold's expiry, so that a
+        command resent after a lost reply recognises its own work: a second commit of the same
+        token answers ``True`` there and changes nothing (the other stores answer ``False``).
         """
         ...
 
