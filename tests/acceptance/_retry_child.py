@@ -3,6 +3,7 @@
     python -m tests.acceptance._retry_child storm URL LEDGER GO FAIL_FOR SCOPE BUDGET
     python -m tests.acceptance._retry_child breaker URL LEDGER GO FAIL_FOR RUN_FOR DEPENDENCY
     python -m tests.acceptance._retry_child spend URL LEDGER SCOPE LIMIT SEED
+    python -m tests.acceptance._retry_child spend-and-die URL LEDGER SCOPE LIMIT ESTIMATE
 
 Each waits for the file ``GO``, which holds the common start time (wall clock). The dependency
 is a function that writes a ``call`` line to the shared ``O_APPEND`` ledger (what the dependency
@@ -11,7 +12,9 @@ saw, with the time) and fails for ``FAIL_FOR`` seconds after the start.
 
 from __future__ import annotations
 
+import os
 import random
+import signal
 import sys
 import time
 from pathlib import Path
@@ -126,6 +129,17 @@ def spend(url: str, path: str, scope: str, limit: str, seed: str) -> int:
     return 0
 
 
+def spend_and_die(url: str, path: str, scope: str, limit: str, estimate: str) -> int:
+    """Reserve ``estimate`` under a 1 s hold TTL, say so, and SIGKILL itself before settling."""
+    ledger = Ledger(path)
+    with al.SharedState.connect(url) as state:
+        budget = al.SpendBudget(state, "usd", limit=int(limit), scope=scope, hold_ttl=1.0)
+        budget.reserve(int(estimate))
+        ledger.write("reserved", estimate=int(estimate))
+        os.kill(os.getpid(), signal.SIGKILL)
+    return 1
+
+
 def main(argv: list[str]) -> int:
     command, rest = argv[0], argv[1:]
     if command == "storm":
@@ -134,6 +148,8 @@ def main(argv: list[str]) -> int:
         return breaker(*rest)
     if command == "spend":
         return spend(*rest)
+    if command == "spend-and-die":
+        return spend_and_die(*rest)
     raise SystemExit(f"unknown command {command!r}")
 
 

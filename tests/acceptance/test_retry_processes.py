@@ -9,7 +9,8 @@
   call (after the breaker's stated staleness), each half-open window admits exactly one trial
   across the four, and after a trial succeeds calls flow again. The refusals are JSON payloads.
 - **Spend.** Eight processes reserve, spend and settle against one limit until it refuses
-  them: the total never passes the limit and equals what they settled.
+  them: the total never passes the limit and equals what they settled. A process SIGKILLed
+  between reserving and settling gives its reservation back once the hold's TTL runs out.
 
 The memory store, which processes cannot share, is covered with threads in
 tests/contract/test_budgets.py.
@@ -149,3 +150,28 @@ def test_concurrent_spenders_never_pass_the_limit(url: str, tmp_path: Path) -> N
     assert spent == settled
     assert spent <= limit
     assert spent > limit // 2  # they stopped because it was (nearly) full, not earlier
+
+
+def test_a_spender_killed_mid_call_gives_its_reservation_back(url: str, tmp_path: Path) -> None:
+    path, limit = tmp_path / "die.jsonl", 1_000
+    kids = RetryChildren(tmp_path)
+    try:
+        proc = kids.spawn("spend-and-die", url, path, "request-7", limit, 900)
+        kids.finish(proc)
+    finally:
+        kids.reap()
+    assert of(read_ledger(path), "reserved"), kids.stderr()
+    with al.SharedState.connect(url) as state:
+        budget = al.SpendBudget(state, "usd", limit=limit, scope="request-7")
+        with pytest.raises(al.BudgetExceeded):
+            budget.reserve(200)  # the dead process's 900 are still held
+        deadline = time.monotonic() + 10
+        while True:  # its hold's TTL (1 s) runs out on the store's clock: the 900 come back
+            try:
+                with budget.reserve(200) as hold:
+                    hold.settle(150)
+                break
+            except al.BudgetExceeded:
+                assert time.monotonic() < deadline, "the dead spender's reservation never came back"
+                time.sleep(0.1)
+        assert budget.spent() == 150
