@@ -41,12 +41,12 @@ def test_names_are_checked(state: al.SharedState, name: object) -> None:
         al.SpendBudget(state, "usd", limit=10, scope=name)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("kwargs", [{"ratio": float("inf")}, {"ratio": True}, {"flush_every": 0}])
 def test_a_breaker_needs_a_dependency(state: al.SharedState) -> None:
     with pytest.raises(al.InvalidInput):
         al.CircuitBreaker(state, None)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("kwargs", [{"ratio": float("inf")}, {"ratio": True}, {"flush_every": 0}])
 def test_budget_settings_are_checked(state: al.SharedState, kwargs: dict[str, object]) -> None:
     with pytest.raises(al.InvalidInput):
         al.RetryBudget(state, scope="r", **kwargs)  # type: ignore[arg-type]
