@@ -168,3 +168,35 @@ async def test_async_faces(store: Store) -> None:
     finally:
         if backend is None:
             await state.close()
+
+
+def test_retry_budget_composes_with_an_idempotent_tool(store: Store) -> None:
+    """``al.retry`` around an ``@idempotent`` tool: a failure known not to have applied releases
+    the key, so the retry acts again under the same key with the next fence; a success is then
+    replayed, not repeated, and the retries drew on the shared budget."""
+    backend = store.backend()
+    state = al.SharedState(backend)
+    keys = al.Idempotency(backend)
+    effects: list[int] = []
+
+    class Unavailable(Exception):
+        pass
+
+    @al.retry(on=Unavailable, attempts=3, base=0.001, budget=al.RetryBudget(state, scope="r-id"))
+    @al.idempotent(tool="send", store=keys, step="send", release_on=(Unavailable,))
+    def send(to: str) -> str:
+        effects.append(al.current_fence())
+        if len(effects) < 3:
+            raise Unavailable("503")
+        return f"sent to {to}"
+
+    with al.idempotency_scope(task_id="task-1"):
+        assert send("a@example.com") == "sent to a@example.com"
+        assert send("a@example.com") == "sent to a@example.com"  # replayed
+    assert effects == [1, 2, 3]  # one key, a new fence per attempt, acted once successfully
+    with pytest.raises(al.RetryBudgetExhausted) as caught:
+        al.RetryBudget(state, scope="r-id", minimum=2, ratio=0.0).acquire_retry()
+    assert caught.value.retries == 2
+    if store.kind != "memory":
+        state.close()
+        keys.close()
