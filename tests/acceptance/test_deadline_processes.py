@@ -30,7 +30,7 @@ import pytest
 
 import agentlease as al
 from tests.acceptance._idempotency_child import read_ledger
-from tests.acceptance.test_idempotency_processes import BOUND, KINDS, Children, of
+from tests.acceptance.test_idempotency_processes import BOUND, Children, of
 
 DEADLINE = 2.0
 REMOTE_DELAY = DEADLINE + 0.8  # the remote service answers after the deadline
@@ -94,14 +94,6 @@ def remote() -> Iterator[Remote]:
 
 class WorkerChildren(Children):
     module = "tests.acceptance._deadline_child"
-
-
-@pytest.fixture(params=KINDS)
-def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'store.db'}"
-    value: str = request.getfixturevalue("served_url_" + request.param.replace("-", "_"))
-    return value
 
 
 def _reason(task: al.Task) -> object:

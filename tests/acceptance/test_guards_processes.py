@@ -46,7 +46,6 @@ from tests.acceptance._guards_child import (
 from tests.acceptance._idempotency_child import read_ledger
 from tests.acceptance.test_idempotency_processes import (
     BOUND,
-    KINDS,
     Children,
     of,
     wait_stopped,
@@ -60,15 +59,6 @@ SKEW_ROUNDS = 40 if DEEP else 8
 LOCKERS = 4 if DEEP else 2  # half lock [A, B], half [B, A]
 LOCK_ROUNDS = 150 if DEEP else 25
 TTL = 1.0  # the lock TTL of the SIGKILL and SIGSTOP scenarios
-
-
-@pytest.fixture(params=KINDS)
-def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """A store that separate processes share: SQLite in a temp dir, else a fresh namespace."""
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'store.db'}"
-    value: str = request.getfixturevalue("served_url_" + request.param.replace("-", "_"))
-    return value
 
 
 class GuardChildren(Children):

@@ -25,21 +25,12 @@ import pytest
 
 import agentlease as al
 from tests.acceptance._idempotency_child import read_ledger
-from tests.acceptance.test_idempotency_processes import KINDS, Children, of
+from tests.acceptance.test_idempotency_processes import Children, of
 
 SEATS = 10
 HOLDERS = 4
 EACH = 2
 TTL = 2.0  # of the holds: long enough for renewals on a loaded machine, short to wait out
-
-
-@pytest.fixture(params=KINDS)
-def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """A store that separate processes share: SQLite in a temp dir, else a fresh namespace."""
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'store.db'}"
-    value: str = request.getfixturevalue("served_url_" + request.param.replace("-", "_"))
-    return value
 
 
 class HoldChildren(Children):

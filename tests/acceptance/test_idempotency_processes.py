@@ -56,15 +56,6 @@ ROUNDS = ("nowait", "wait")
 BOUND = 30.0
 
 
-@pytest.fixture(params=KINDS)
-def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """A store that separate processes share: SQLite in a temp dir, else a fresh namespace."""
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'store.db'}"
-    value: str = request.getfixturevalue("served_url_" + request.param.replace("-", "_"))
-    return value
-
-
 # -- processes ------------------------------------------------------------------------------------
 
 

@@ -26,7 +26,7 @@ import pytest
 
 import agentlease as al
 from tests.acceptance._idempotency_child import read_ledger
-from tests.acceptance.test_idempotency_processes import KINDS, Children, of
+from tests.acceptance.test_idempotency_processes import Children, of
 
 FAIL_FOR = 1.0  # the dependency's outage in the storm (the retries end well inside it)
 STORM = 8
@@ -37,15 +37,6 @@ class RetryChildren(Children):
     """Children running tests/acceptance/_retry_child.py."""
 
     module = "tests.acceptance._retry_child"
-
-
-@pytest.fixture(params=KINDS)
-def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """A store that separate processes share: SQLite in a temp dir, else a fresh namespace."""
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'store.db'}"
-    value: str = request.getfixturevalue("served_url_" + request.param.replace("-", "_"))
-    return value
 
 
 def _go(kids: Children, path: Path, count: int, go: Path) -> None:

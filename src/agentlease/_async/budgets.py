@@ -45,7 +45,7 @@ from types import TracebackType
 from agentlease import _guards
 from agentlease import _validate as check
 from agentlease._deadline import current_root
-from agentlease._records import BreakerState
+from agentlease._records import BreakerState, BudgetState
 from agentlease.errors import (
     BudgetExceeded,
     CircuitOpen,
@@ -53,6 +53,7 @@ from agentlease.errors import (
     InvalidInput,
     LimitReached,
     MissingIdentity,
+    RetryBudgetExhausted,
 )
 
 from .holds import AsyncCounterHold
@@ -131,6 +132,16 @@ class AsyncRetryBudget:
             with self._lock:
                 self._pending[scope] = self._pending.get(scope, 0) + calls
 
+    async def _send(self, key: str, calls: int, retry: bool) -> BudgetState:
+        """One budget step on the store; calls it could not send are kept for the next."""
+        try:
+            return await self.state.backend.retry_budget(
+                f"retry:{key}", calls, retry, self.ratio, self.minimum, self.ttl
+            )
+        except BaseException:
+            self._give_back(key, calls)
+            raise
+
     async def record_call(self, scope: str | None = None) -> None:
         """Count one call (a first attempt, not a retry); sent to the store with the next retry
         or every ``flush_every`` calls."""
@@ -141,26 +152,14 @@ class AsyncRetryBudget:
                 self._pending[key] = pending
                 return
             self._pending.pop(key, None)
-        try:
-            await self.state.backend.retry_budget(
-                f"retry:{key}", pending, False, self.ratio, self.minimum, self.ttl
-            )
-        except BaseException:
-            self._give_back(key, pending)
-            raise
+        await self._send(key, pending, False)
 
     async def flush(self, scope: str | None = None) -> None:
         """Send the calls counted locally now (for example before the process exits)."""
         key = _scope(scope or self.scope, "a retry budget")
         pending = self._take_pending(key)
         if pending:
-            try:
-                await self.state.backend.retry_budget(
-                    f"retry:{key}", pending, False, self.ratio, self.minimum, self.ttl
-                )
-            except BaseException:
-                self._give_back(key, pending)
-                raise
+            await self._send(key, pending, False)
 
     async def acquire_retry(self, scope: str | None = None) -> None:
         """Take one retry from the budget, or refuse, in one atomic step on the store.
@@ -169,17 +168,8 @@ class AsyncRetryBudget:
             RetryBudgetExhausted: ``retries >= max(minimum, calls * ratio)``; nothing taken.
         """
         key = _scope(scope or self.scope, "a retry budget")
-        pending = self._take_pending(key)
-        try:
-            got = await self.state.backend.retry_budget(
-                f"retry:{key}", pending, True, self.ratio, self.minimum, self.ttl
-            )
-        except BaseException:
-            self._give_back(key, pending)
-            raise
+        got = await self._send(key, self._take_pending(key), True)
         if not got.granted:
-            from agentlease.errors import RetryBudgetExhausted
-
             raise RetryBudgetExhausted(
                 key, got.calls, got.retries, max(float(self.minimum), got.calls * self.ratio)
             )
