@@ -6,8 +6,7 @@ server is unreachable, unless AGENTLEASE_REQUIRE_SERVICES=1, which turns that sk
 
 The suite runs on pytest-xdist workers (pyproject.toml's addopts: ``-n 4 --dist loadgroup``):
 session fixtures (the private Redis Cluster) start once per worker, on free ports in temporary
-directories of their own. On a worker the longest tests are collected first, so that no worker is
-left with one of them at the end while the others are idle.
+directories of their own.
 """
 
 from __future__ import annotations
@@ -34,29 +33,6 @@ EMBEDDED = ["memory", "sqlite"]
 ALL_BACKENDS = [*EMBEDDED, "redis", "redis-cluster", "postgres"]
 _NARROWED = os.environ.get("AGENTLEASE_TEST_BACKENDS", ",".join(ALL_BACKENDS)).split(",")
 BACKENDS = ALL_BACKENDS if REQUIRE_SERVICES else [b for b in ALL_BACKENDS if b in _NARROWED]
-
-
-# Modules whose tests take tens of seconds each (processes, servers restarted, bench rounds).
-LONG_FIRST = (
-    "tests/integration/test_bench.py",
-    "tests/security/test_secrets.py",
-    "tests/integration/test_sqlite_open.py",
-    "tests/contract/test_state_machine.py",
-    "tests/faults/",
-)
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """On an xdist worker, the tests marked slow and those of LONG_FIRST first (a stable sort:
-    otherwise in collection order, which every worker must share)."""
-    if "PYTEST_XDIST_WORKER" not in os.environ:
-        return
-
-    def later(item: pytest.Item) -> bool:
-        path = item.nodeid.split("::", 1)[0]
-        return item.get_closest_marker("slow") is None and not path.startswith(LONG_FIRST)
-
-    items.sort(key=later)
 
 
 def unavailable(service: str, reason: str) -> None:
