@@ -3,6 +3,10 @@
 ``store`` is parametrised over every backend. Backends that need a server are skipped when the
 server is unreachable, unless AGENTLEASE_REQUIRE_SERVICES=1, which turns that skip into a failure
 (CI sets it). Each test gets a fresh namespace on a shared server and drops it afterwards.
+
+The suite runs on pytest-xdist workers (pyproject.toml's addopts: ``-n 4 --dist loadgroup``):
+session fixtures (the private Redis Cluster) start once per worker, on free ports in temporary
+directories of their own.
 """
 
 from __future__ import annotations

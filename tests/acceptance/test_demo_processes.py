@@ -15,6 +15,10 @@ import pytest
 from agentlease._demo.scenario import DemoConfig, run_demo
 from tests.conftest import BACKENDS
 
+# Many real processes (SIGKILL, SIGSTOP) on short leases: the "processes" group runs one test at
+# a time on one xdist worker, so they starve neither each other nor the servers' connections.
+pytestmark = pytest.mark.xdist_group("processes")
+
 SEEDS = list(range(5)) if os.environ.get("AGENTLEASE_DEEP") == "1" else [0]
 KINDS = [k for k in BACKENDS if k != "memory"]  # the demo's workers are separate processes
 

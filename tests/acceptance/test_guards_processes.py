@@ -51,6 +51,10 @@ from tests.acceptance.test_idempotency_processes import (
     wait_stopped,
 )
 
+# Many real processes (SIGKILL, SIGSTOP) on short leases: the "processes" group runs one test at
+# a time on one xdist worker, so they starve neither each other nor the servers' connections.
+pytestmark = pytest.mark.xdist_group("processes")
+
 DEEP = os.environ.get("AGENTLEASE_DEEP") == "1"
 SEEDS = list(range(3)) if DEEP else [0]
 WRITERS = 3  # processes racing on one record (lost update)

@@ -27,6 +27,10 @@ import agentlease as al
 from tests.acceptance._idempotency_child import read_ledger
 from tests.acceptance.test_idempotency_processes import Children, of
 
+# Many real processes (SIGKILL, SIGSTOP) on short leases: the "processes" group runs one test at
+# a time on one xdist worker, so they starve neither each other nor the servers' connections.
+pytestmark = pytest.mark.xdist_group("processes")
+
 SEATS = 10
 HOLDERS = 4
 EACH = 2

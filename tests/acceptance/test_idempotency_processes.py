@@ -45,6 +45,10 @@ from tests.acceptance._idempotency_child import (
 )
 from tests.conftest import BACKENDS, Store
 
+# Many real processes (SIGKILL, SIGSTOP) on short leases: the "processes" group runs one test at
+# a time on one xdist worker, so they starve neither each other nor the servers' connections.
+pytestmark = pytest.mark.xdist_group("processes")
+
 DEEP = os.environ.get("AGENTLEASE_DEEP") == "1"
 SEEDS = list(range(5)) if DEEP else [0]
 KINDS = [k for k in BACKENDS if k != "memory"]  # processes cannot share memory://

@@ -52,6 +52,10 @@ from tests._proxy import Proxy
 from tests.conftest import BACKENDS as SELECTED
 from tests.conftest import unavailable
 
+# Many real processes (SIGKILL, SIGSTOP) on short leases: the "processes" group runs one test at
+# a time on one xdist worker, so they starve neither each other nor the servers' connections.
+pytestmark = pytest.mark.xdist_group("processes")
+
 ROOT = Path(__file__).resolve().parents[2]
 CHILD = Path(__file__).with_name("_chaos_child.py")
 DEEP = os.environ.get("AGENTLEASE_DEEP") == "1"
