@@ -79,6 +79,7 @@ def breaker(url: str, path: str, go: str, fail_for: str, run_for: str, dependenc
         fail_until, stop = start + float(fail_for), start + float(run_for)
         refusals = 0
         while time.time() < stop:
+            asked = time.time()  # the breaker decides at or after this: the staleness bound's clock
             try:
                 guard.before()
             except al.CircuitOpen as refused:
@@ -89,7 +90,7 @@ def breaker(url: str, path: str, go: str, fail_for: str, run_for: str, dependenc
                 continue
             fence = guard._trial()
             try:
-                _dependency(ledger, fail_until, fence=fence)
+                _dependency(ledger, fail_until, fence=fence, asked=asked)
             except DependencyDown:
                 guard.failure()
                 seen = guard.seen

@@ -32,6 +32,8 @@ import agentlease as al
 from tests.acceptance._idempotency_child import read_ledger
 from tests.acceptance.test_idempotency_processes import BOUND, Children, of
 
+pytestmark = pytest.mark.xdist_group("processes")  # worker processes on a 2 s deadline
+
 DEADLINE = 2.0
 REMOTE_DELAY = DEADLINE + 0.8  # the remote service answers after the deadline
 
