@@ -156,6 +156,7 @@ class RawSQLite:
                         "max_reclaims": 5,
                         "now": now,
                         "run_at": now,
+                        "context": None,
                     },
                 )
             db.execute("COMMIT")
