@@ -111,9 +111,10 @@ def test_healthy_shards_keep_running_while_one_master_is_down(
     url += "&connect_timeout=1&socket_timeout=2"
     producer = al.Queue.connect(url)
     for queue in queue_of.values():
-        producer.enqueue_many(
-            queue, [{"work": 0.1}] * 40
-        )  # seconds of work: the kill lands mid-run
+        # Seconds of work: the kill lands mid-run, even if the down shard's worker started well
+        # before the others on a loaded machine (it has three times as much to do).
+        work = 0.3 if queue == lost else 0.1
+        producer.enqueue_many(queue, [{"work": work}] * 40)
     ledgers = tmp_path / "ledgers"
     ledgers.mkdir()
     workers = [
