@@ -68,6 +68,7 @@ DEFAULT_TTL = 7 * 24 * 3600.0
 finished task)."""
 
 _MAX_RATIO = 1000.0
+_WHAT = "a retry budget"
 
 
 def _scope(scope: str | None, what: str) -> str:
@@ -109,7 +110,7 @@ class RetryBudget:
         scope: str | None = None,
         ratio: float = 0.1,
         minimum: int = 3,
-        flush_every: int = 32,
+        flush_every: int = 100,
         ttl: float = DEFAULT_TTL,
     ) -> None:
         if isinstance(ratio, bool) or not isinstance(ratio, int | float):
@@ -147,7 +148,7 @@ class RetryBudget:
     def record_call(self, scope: str | None = None) -> None:
         """Count one call (a first attempt, not a retry); sent to the store with the next retry
         or every ``flush_every`` calls."""
-        key = _scope(scope or self.scope, "a retry budget")
+        key = self.scope if scope is None and self.scope is not None else _scope(scope, _WHAT)
         with self._lock:
             pending = self._pending.get(key, 0) + 1
             if pending < self.flush_every:
@@ -158,7 +159,7 @@ class RetryBudget:
 
     def flush(self, scope: str | None = None) -> None:
         """Send the calls counted locally now (for example before the process exits)."""
-        key = _scope(scope or self.scope, "a retry budget")
+        key = _scope(scope or self.scope, _WHAT)
         pending = self._take_pending(key)
         if pending:
             self._send(key, pending, False)
@@ -169,7 +170,7 @@ class RetryBudget:
         Raises:
             RetryBudgetExhausted: ``retries >= max(minimum, calls * ratio)``; nothing taken.
         """
-        key = _scope(scope or self.scope, "a retry budget")
+        key = _scope(scope or self.scope, _WHAT)
         got = self._send(key, self._take_pending(key), True)
         if not got.granted:
             raise RetryBudgetExhausted(

@@ -12,7 +12,7 @@ the same store with the same driver.
   store, on the healthy path (circuit closed, no retry): what guarding a call costs, in raw
   operations per call beside the one raw round trip it makes (ideally 1; the target is 1.3). The
   breaker's state is cached for its staleness (1 s) and the budget counts calls locally and
-  sends them every ``flush_every`` (32) calls, so most calls add no round trip.
+  sends them every ``flush_every`` (100) calls, so most calls add no round trip.
 * **lock acquire + release**: N cycles of ``with state.locks([name], timeout=5): pass`` on one
   lock name per round. Ideally two round trips (acquire, release); the library also starts and
   stops the lock set's renewal thread each time. The raw side runs N cycles of one owner-checked
