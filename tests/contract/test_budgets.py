@@ -159,6 +159,22 @@ async def test_async_faces(store: Store) -> None:
         with pytest.raises(al.CircuitOpen):
             async with breaker:
                 pass
+        # al.retry on the async face, with both of them awaited as hooks.
+        flaky = al.AsyncCircuitBreaker(state, "async-flaky", threshold=5, cooldown=5)
+        shared = al.AsyncRetryBudget(state, scope="root-async-2", minimum=2, ratio=0.0)
+        tries: list[int] = []
+
+        @al.retry(on=ConnectionError, attempts=5, base=0.001, budget=shared, breaker=flaky)
+        async def call() -> str:
+            tries.append(1)
+            raise ConnectionError("down")
+
+        with pytest.raises(al.RetryBudgetExhausted) as refused:
+            await call()
+        assert len(tries) == 3  # the first attempt and the two retries the budget allowed
+        assert isinstance(refused.value.__context__, ConnectionError)
+        assert flaky.seen is not None
+        assert flaky.seen.failures == 3
         spend = al.AsyncSpendBudget(state, "tokens", limit=100, scope="root-async")
         async with await spend.reserve(80) as hold:
             await hold.settle(70)

@@ -453,6 +453,59 @@ def test_locks(fuzz: Fuzz) -> None:
     run(fuzz, drawn, body)
 
 
+# -- retry budgets, breakers, spend budgets --------------------------------------------------------
+
+
+def test_budgets_and_breakers(fuzz: Fuzz) -> None:
+    ratios = st.one_of(st.floats(0, 2), st.sampled_from(s.EDGE_FLOATS), s.int_args(0, 5))
+    drawn = st.tuples(
+        st.sampled_from(["budget", "breaker", "spend"]),
+        st.one_of(st.just("fz-c"), st.just("fz-r"), s.names()),
+        ratios,
+        s.int_args(0, 5),
+        st.one_of(st.just(5.0), s.durations),
+        st.one_of(st.just(0.5), s.durations),
+        s.int_args(0, 1_000),
+        s.int_args(0, 1_000),
+    )
+
+    def body(args: tuple[str, Any, Any, Any, Any, Any, Any, Any]) -> None:
+        what, name, ratio, count, cooldown, staleness, limit, amount = args
+        st_ = fuzz.state
+
+        def budget() -> object:
+            b = al.RetryBudget(st_, scope=name, ratio=ratio, minimum=count, flush_every=2)
+            b.record_call()
+            b.record_call()
+            try:
+                b.acquire_retry()
+            except al.RetryBudgetExhausted as exc:
+                return exc.payload()
+            return None
+
+        def breaker() -> object:
+            b = al.CircuitBreaker(
+                st_, name, threshold=count, cooldown=cooldown, staleness=staleness
+            )
+            try:
+                b.before()
+            except al.CircuitOpen as exc:
+                return exc.payload()
+            b.failure()
+            return b.seen
+
+        def spend() -> object:
+            b = al.SpendBudget(st_, "usd", limit=limit, scope=name, hold_ttl=cooldown)
+            with b.reserve(amount) as hold:
+                hold.settle(amount)
+            return b.spent()
+
+        calls = {"budget": budget, "breaker": breaker, "spend": spend}
+        fuzz.refused_or_works(calls[what], name)
+
+    run(fuzz, drawn, body)
+
+
 # -- idempotency -----------------------------------------------------------------------------------
 
 
