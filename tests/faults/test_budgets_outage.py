@@ -103,12 +103,15 @@ def test_a_hung_store_is_a_typed_timeout_then_work_goes_on(
                 breaker.before()
         finally:
             server.process.send_signal(signal.SIGCONT)
-        granted = 0
-        with pytest.raises(al.RetryBudgetExhausted) as caught:
-            while granted < 10:
+        granted, refused = 0, None
+        while refused is None and granted < 10:
+            try:
                 budget.acquire_retry()
                 granted += 1
+            except al.RetryBudgetExhausted as exc:
+                refused = exc
         # The timed-out step may have landed once (its reply was lost), never twice.
-        assert caught.value.retries == 5
+        assert refused is not None
+        assert refused.retries == 5
         assert granted in (3, 4)
         breaker.before()
