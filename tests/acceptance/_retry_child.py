@@ -4,6 +4,7 @@
     python -m tests.acceptance._retry_child breaker URL LEDGER GO FAIL_FOR RUN_FOR DEPENDENCY
     python -m tests.acceptance._retry_child spend URL LEDGER SCOPE LIMIT SEED
     python -m tests.acceptance._retry_child spend-and-die URL LEDGER SCOPE LIMIT ESTIMATE
+    python -m tests.acceptance._retry_child trial URL LEDGER GO DEPENDENCY
 
 Each waits for the file ``GO``, which holds the common start time (wall clock). The dependency
 is a function that writes a ``call`` line to the shared ``O_APPEND`` ledger (what the dependency
@@ -141,6 +142,26 @@ def spend_and_die(url: str, path: str, scope: str, limit: str, estimate: str) ->
     return 1
 
 
+def trial(url: str, path: str, go: str, dependency: str) -> int:
+    """Take the half-open trial of an open breaker, then wait for the test's ``go`` file (the
+    test freezes this process meanwhile) and report the trial a success."""
+    ledger = Ledger(path)
+    with al.SharedState.connect(url) as state:
+        guard = al.CircuitBreaker(state, dependency, threshold=1, cooldown=0.3, staleness=0.0)
+        guard.before()
+        ledger.write("trial", fence=guard._trial())
+        until = time.monotonic() + BARRIER_TIMEOUT
+        while not Path(go).exists():
+            if time.monotonic() > until:
+                raise SystemExit("the test never said go")
+            time.sleep(0.005)
+        guard.success()
+        seen = guard.seen
+        ledger.write("reported", state=None if seen is None else seen.state)
+    ledger.close()
+    return 0
+
+
 def main(argv: list[str]) -> int:
     command, rest = argv[0], argv[1:]
     if command == "storm":
@@ -151,6 +172,8 @@ def main(argv: list[str]) -> int:
         return spend(*rest)
     if command == "spend-and-die":
         return spend_and_die(*rest)
+    if command == "trial":
+        return trial(*rest)
     raise SystemExit(f"unknown command {command!r}")
 
 

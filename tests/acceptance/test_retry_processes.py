@@ -11,6 +11,8 @@
 - **Spend.** Eight processes reserve, spend and settle against one limit until it refuses
   them: the total never passes the limit and equals what they settled. A process SIGKILLed
   between reserving and settling gives its reservation back once the hold's TTL runs out.
+- **A frozen trial.** A process SIGSTOPped while it holds the half-open trial loses its turn; its
+  late success does not close the circuit that a later trial reopened.
 
 The memory store, which processes cannot share, is covered with threads in
 tests/contract/test_budgets.py.
@@ -19,6 +21,7 @@ tests/contract/test_budgets.py.
 from __future__ import annotations
 
 import json
+import signal
 import time
 from pathlib import Path
 
@@ -176,3 +179,40 @@ def test_a_spender_killed_mid_call_gives_its_reservation_back(url: str, tmp_path
                 assert time.monotonic() < deadline, "the dead spender's reservation never came back"
                 time.sleep(0.1)
         assert budget.spent() == 150
+
+
+def test_a_frozen_trial_that_lost_its_turn_cannot_close_the_circuit(
+    url: str, tmp_path: Path
+) -> None:
+    """A process takes the half-open trial and is SIGSTOPped past its turn; another caller gets
+    the next trial and it fails (the circuit opens again); the frozen process resumes and
+    reports success: its fence is stale, the circuit stays open."""
+    path, go, dependency = tmp_path / "trial.jsonl", tmp_path / "go", "frozen-dep"
+    kids = RetryChildren(tmp_path)
+    with al.SharedState.connect(url) as state:
+        here = al.CircuitBreaker(
+            state, dependency, threshold=1, cooldown=0.3, trial_for=0.3, staleness=0.0
+        )
+        here.before()
+        here.failure()  # open
+        time.sleep(0.35)
+        try:
+            proc = kids.spawn("trial", url, path, go, dependency)
+            kids.wait_for("the child's trial", lambda: bool(of(read_ledger(path), "trial")))
+            proc.send_signal(signal.SIGSTOP)
+            first = of(read_ledger(path), "trial")[0]["fence"]
+            assert first > 0
+            time.sleep(0.35)  # past the frozen trial's turn
+            here.before()  # the next trial is this caller's
+            assert here.seen is not None
+            assert here.seen.fence == first + 1
+            here.failure()  # it failed: open again
+            proc.send_signal(signal.SIGCONT)
+            go.touch()
+            assert kids.finish(proc) == 0, kids.stderr()
+        finally:
+            kids.reap()
+        assert of(read_ledger(path), "reported")[0]["state"] == "open"
+        with pytest.raises(al.CircuitOpen) as caught:
+            here.before()
+        assert caught.value.state == "open"
