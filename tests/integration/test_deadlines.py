@@ -53,6 +53,13 @@ def _dead_for_deadline(task: al.Task) -> None:
     assert error["reason"] == "deadline"
 
 
+def _shared_state(store: Store, q: al.Queue) -> al.SharedState:
+    """Shared state on the queue's store (on memory, the very same backend)."""
+    if store.kind == "memory":
+        return al.SharedState(q.backend)
+    return al.SharedState.connect(store.url)
+
+
 def _run(q: al.Queue, name: str, handler: Handler) -> None:
     al.Worker(q, name, handler, settings=FAST).run(burst=True, handle_signals=False)
 
@@ -248,11 +255,35 @@ def test_task_retries_draw_on_the_root_tasks_retry_budget(store: Store) -> None:
     assert len(runs) == 4 + 2  # four first attempts, two retries granted by the shared budget
     reasons = sorted(str(k.error["reason"]) for k in kids)  # type: ignore[index, call-overload]
     assert reasons == ["retry_budget"] * 4
-    state = (
-        al.SharedState(q.backend) if store.kind == "memory" else al.SharedState.connect(store.url)
-    )
+    state = _shared_state(store, q)
     with pytest.raises(al.RetryBudgetExhausted) as caught:
         al.RetryBudget(state, scope="root-task", ratio=0.0, minimum=2).acquire_retry()
     assert caught.value.retries == 2
+    if store.kind != "memory":
+        state.close()
+
+
+def test_a_handlers_retry_budget_is_its_root_tasks_by_default(store: Store) -> None:
+    q = store.queue()
+    state = _shared_state(store, q)
+    q.enqueue(Q, {}, id="request-5")
+    scopes: list[str] = []
+
+    def handler(ctx: al.JobContext) -> al.JSON:
+        if ctx.task_id == "request-5":
+            q.enqueue(KIDS, {}, id="subagent-1")
+            return None
+        budget = al.RetryBudget(state, minimum=1, ratio=0.0)  # no scope: the root task's
+        budget.acquire_retry()
+        try:
+            budget.acquire_retry()
+        except al.RetryBudgetExhausted as exc:
+            scopes.append(exc.scope)
+        return None
+
+    _run(q, Q, handler)
+    _run(q, KIDS, handler)
+    assert scopes == ["request-5"]
+    assert q.get("subagent-1").root_id == "request-5"
     if store.kind != "memory":
         state.close()
