@@ -4,7 +4,7 @@
 server is unreachable, unless AGENTLEASE_REQUIRE_SERVICES=1, which turns that skip into a failure
 (CI sets it). Each test gets a fresh namespace on a shared server and drops it afterwards.
 
-The suite runs on pytest-xdist workers (pyproject.toml's addopts: ``-n 4 --dist loadgroup``):
+The suite runs on pytest-xdist workers (pyproject.toml's addopts: ``-n 3 --dist loadgroup``):
 session fixtures (the private Redis Cluster) start once per worker, on free ports in temporary
 directories of their own.
 """

@@ -196,6 +196,10 @@ def test_a_frozen_trial_that_lost_its_turn_cannot_close_the_circuit(
         here.before()
         here.failure()  # open
         time.sleep(0.35)
+        # The next trial's failure reopens the circuit for long (a cooldown is the recorder's).
+        reopener = al.CircuitBreaker(
+            state, dependency, threshold=1, cooldown=60, trial_for=0.3, staleness=0.0
+        )
         try:
             proc = kids.spawn("trial", url, path, go, dependency)
             kids.wait_for("the child's trial", lambda: bool(of(read_ledger(path), "trial")))
@@ -203,10 +207,10 @@ def test_a_frozen_trial_that_lost_its_turn_cannot_close_the_circuit(
             first = of(read_ledger(path), "trial")[0]["fence"]
             assert first > 0
             time.sleep(0.35)  # past the frozen trial's turn
-            here.before()  # the next trial is this caller's
-            assert here.seen is not None
-            assert here.seen.fence == first + 1
-            here.failure()  # it failed: open again
+            reopener.before()  # the next trial is this caller's
+            assert reopener.seen is not None
+            assert reopener.seen.fence == first + 1
+            reopener.failure()  # it failed: open again, for a minute
             proc.send_signal(signal.SIGCONT)
             go.touch()
             assert kids.finish(proc) == 0, kids.stderr()
@@ -214,5 +218,5 @@ def test_a_frozen_trial_that_lost_its_turn_cannot_close_the_circuit(
             kids.reap()
         assert of(read_ledger(path), "reported")[0]["state"] == "open"
         with pytest.raises(al.CircuitOpen) as caught:
-            here.before()
+            reopener.before()
         assert caught.value.state == "open"

@@ -202,13 +202,15 @@ def test_claim_n_returns_up_to_n_distinct_tasks(store):
 
 def test_delayed_task_not_claimable_before_due(store):
     q = store.queue()
-    later = q.enqueue(Q, "later", delay=0.4).task_id
+    # The delay leaves room for the four calls below on a loaded machine, where a process can
+    # wait a second or more for a core.
+    later = q.enqueue(Q, "later", delay=2.0).task_id
     now = q.enqueue(Q, "now").task_id
     assert q.get(later).state == "scheduled"
     assert q.stats(Q).counts.get("scheduled") == 1
     assert [j.task_id for j in q.claim(Q, 5, lease_for=LIVE)] == [now]
     assert q.claim(Q, 5, lease_for=LIVE) == []
-    time.sleep(0.6)
+    time.sleep(2.1)
     job = claim_one(q)
     assert (job.task_id, job.payload, job.attempt) == (later, "later", 1)
 
