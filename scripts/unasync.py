@@ -57,6 +57,7 @@ RENAMES = {
     "AsyncCircuitBreaker": "CircuitBreaker",
     "AsyncSpendBudget": "SpendBudget",
     "AsyncSpendHold": "SpendHold",
+    "AsyncFactBoard": "FactBoard",
 }
 SUBS: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"\basync def\b"), "def"),

@@ -46,6 +46,7 @@ from agentlease.errors import (
     PayloadError,
     PayloadTooLarge,
     PermissionDenied,
+    ReconciliationConflict,
     ReplayedFailure,
     ReservationLost,
     RetryBudgetExhausted,
@@ -66,6 +67,7 @@ if TYPE_CHECKING:
         AsyncSpendBudget,
         AsyncSpendHold,
     )
+    from agentlease._async.facts import AsyncFactBoard
     from agentlease._async.holds import AsyncCounterHold
     from agentlease._async.idempotency import AsyncAction, AsyncIdempotency
     from agentlease._async.queue import AsyncQueue
@@ -79,6 +81,15 @@ if TYPE_CHECKING:
     from agentlease._outcomes import NotApplied, Outcome
     from agentlease._policy.retry import RetryPolicy, full_jitter
     from agentlease._policy.transitions import StateMachine
+    from agentlease._reconcile import (
+        Fact,
+        LatestByVersion,
+        MustAgree,
+        Policy,
+        PreferSource,
+        Union,
+        reconcile,
+    )
     from agentlease._records import (
         Enqueued,
         Job,
@@ -97,6 +108,7 @@ if TYPE_CHECKING:
     from agentlease._scope import current_fence, current_key, idempotency_scope
     from agentlease._settings import IdempotencySettings, QueueSettings, WorkerSettings
     from agentlease._sync.budgets import CircuitBreaker, RetryBudget, SpendBudget, SpendHold
+    from agentlease._sync.facts import FactBoard
     from agentlease._sync.holds import CounterHold
     from agentlease._sync.idempotency import Action, Idempotency
     from agentlease._sync.queue import Queue
@@ -114,6 +126,8 @@ _LAZY = {
     "AsyncRetryBudget": "agentlease._async.budgets",
     "AsyncSpendBudget": "agentlease._async.budgets",
     "AsyncSpendHold": "agentlease._async.budgets",
+    "AsyncFactBoard": "agentlease._async.facts",
+    "FactBoard": "agentlease._sync.facts",
     "AsyncCounterHold": "agentlease._async.holds",
     "AsyncAction": "agentlease._async.idempotency",
     "AsyncIdempotency": "agentlease._async.idempotency",
@@ -140,6 +154,13 @@ _LAZY = {
     "full_jitter": "agentlease._policy.retry",
     "StateMachine": "agentlease._policy.transitions",
     "retry": "agentlease._retry",
+    "Fact": "agentlease._reconcile",
+    "LatestByVersion": "agentlease._reconcile",
+    "MustAgree": "agentlease._reconcile",
+    "Policy": "agentlease._reconcile",
+    "PreferSource": "agentlease._reconcile",
+    "Union": "agentlease._reconcile",
+    "reconcile": "agentlease._reconcile",
     "Enqueued": "agentlease._records",
     "Job": "agentlease._records",
     "KeyRecord": "agentlease._records",
@@ -187,6 +208,7 @@ __all__ = [
     "AsyncBackend",
     "AsyncCircuitBreaker",
     "AsyncCounterHold",
+    "AsyncFactBoard",
     "AsyncIdempotency",
     "AsyncIdempotentFunction",
     "AsyncJobContext",
@@ -212,6 +234,8 @@ __all__ = [
     "DuplicateInFlight",
     "Enqueued",
     "Event",
+    "Fact",
+    "FactBoard",
     "FencedOff",
     "GuardError",
     "HoldLost",
@@ -228,6 +252,7 @@ __all__ = [
     "JobContext",
     "KeyRecord",
     "KeyState",
+    "LatestByVersion",
     "Lease",
     "LeaseInfo",
     "LeaseLost",
@@ -240,6 +265,7 @@ __all__ = [
     "MissingDriver",
     "MissingIdentity",
     "ModelCall",
+    "MustAgree",
     "NotApplied",
     "NotFound",
     "NotJSON",
@@ -248,10 +274,13 @@ __all__ = [
     "PayloadError",
     "PayloadTooLarge",
     "PermissionDenied",
+    "Policy",
+    "PreferSource",
     "Queue",
     "QueueSettings",
     "QueueStats",
     "Reaped",
+    "ReconciliationConflict",
     "ReplayedFailure",
     "ReservationLost",
     "RetryBudget",
@@ -269,6 +298,7 @@ __all__ = [
     "TaskState",
     "ToolUnavailable",
     "TransitionRefused",
+    "Union",
     "UnknownQueue",
     "UnknownTask",
     "Versioned",
@@ -288,6 +318,7 @@ __all__ = [
     "idempotency_scope",
     "idempotent",
     "model_call",
+    "reconcile",
     "remaining",
     "retry",
     "versioned_update",

@@ -29,7 +29,8 @@ Every refusal is one of these classes, so callers can catch exactly what they me
     │   ├── LockLost                            a held lock ran out or was taken (renewal failed)
     │   ├── NotLockOwner                        a release by someone who does not hold the lock
     │   ├── HoldLost                            a counter hold ran out or already ended
-    │   └── LockHeldAcrossModelCall             a model call entered while the task holds a lock
+    │   ├── LockHeldAcrossModelCall             a model call entered while the task holds a lock
+    │   └── ReconciliationConflict              two branches found different values for a field
     ├── BackendError                            the store failed; the driver error is __cause__
     │   ├── BackendUnavailable                  cannot reach or open the store now (transient)
     │   ├── BackendRefused                      refuses this client as configured (permanent)
@@ -55,6 +56,8 @@ the URL, the store's users or the installed agentlease, so a worker stops on it 
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 __all__ = [
     "AgentLeaseError",
@@ -90,6 +93,7 @@ __all__ = [
     "PayloadError",
     "PayloadTooLarge",
     "PermissionDenied",
+    "ReconciliationConflict",
     "ReplayedFailure",
     "ReservationLost",
     "RetryBudgetExhausted",
@@ -405,6 +409,30 @@ class LockHeldAcrossModelCall(GuardError):
             f"a model call was entered while holding locks {list(names)}: release them first"
         )
         self.names = names
+
+
+class ReconciliationConflict(GuardError):
+    """Two branches found different values for one field that its policy will not merge; the
+    message names the field, both branches, their values and their evidence.
+
+    Attributes:
+        field: the field.
+        first, second: the two facts (:class:`agentlease.Fact`) that disagree.
+        why: the policy's reason (``"the branches must agree"``, ...).
+    """
+
+    def __init__(self, field: str, first: Any, second: Any, why: str) -> None:
+        def told(fact: Any) -> str:
+            step = f" at step {fact.step!r}" if fact.step else ""
+            return f"{fact.source!r}{step} found {fact.value!r} (evidence: {fact.evidence!r})"
+
+        super().__init__(
+            f"field {field!r} cannot be reconciled ({why}): {told(first)}, but {told(second)}"
+        )
+        self.field = field
+        self.first = first
+        self.second = second
+        self.why = why
 
 
 class BackendError(AgentLeaseError):
