@@ -12,7 +12,7 @@ directories of their own.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -97,6 +97,17 @@ def state(store: Store) -> Iterator[al.SharedState]:
     yield s
     if store.kind != "memory":
         s.close()
+
+
+@pytest.fixture
+async def astate(store: Store) -> AsyncIterator[al.AsyncSharedState]:
+    """An AsyncSharedState on ``store`` (on memory, the async face of the store's one backend)."""
+    if store.kind == "memory":
+        yield al.AsyncSharedState(store.backend().open_async())
+        return
+    s = al.AsyncSharedState.connect(store.url)
+    yield s
+    await s.close()
 
 
 @pytest.fixture

@@ -137,53 +137,44 @@ def test_threads_spending_together_stay_within_the_limit(state: al.SharedState) 
     assert spent <= limit
 
 
-async def test_async_faces(store: Store) -> None:
-    backend = store.backend().open_async() if store.kind == "memory" else None
-    state = (
-        al.AsyncSharedState(backend)
-        if backend is not None
-        else al.AsyncSharedState.connect(store.url)
-    )
-    try:
-        budget = al.AsyncRetryBudget(state, scope="root-async", minimum=1, ratio=0.0)
-        await budget.record_call()
+async def test_async_faces(astate: al.AsyncSharedState) -> None:
+    state = astate
+    budget = al.AsyncRetryBudget(state, scope="root-async", minimum=1, ratio=0.0)
+    await budget.record_call()
+    await budget.acquire_retry()
+    with pytest.raises(al.RetryBudgetExhausted):
         await budget.acquire_retry()
-        with pytest.raises(al.RetryBudgetExhausted):
-            await budget.acquire_retry()
-        breaker = al.AsyncCircuitBreaker(state, "async-dep", threshold=1, cooldown=5)
+    breaker = al.AsyncCircuitBreaker(state, "async-dep", threshold=1, cooldown=5)
+    async with breaker:
+        pass
+    with pytest.raises(ZeroDivisionError):
+        async with breaker:
+            raise ZeroDivisionError
+    with pytest.raises(al.CircuitOpen):
         async with breaker:
             pass
-        with pytest.raises(ZeroDivisionError):
-            async with breaker:
-                raise ZeroDivisionError
-        with pytest.raises(al.CircuitOpen):
-            async with breaker:
-                pass
-        # al.retry on the async face, with both of them awaited as hooks.
-        flaky = al.AsyncCircuitBreaker(state, "async-flaky", threshold=5, cooldown=5)
-        shared = al.AsyncRetryBudget(state, scope="root-async-2", minimum=2, ratio=0.0)
-        tries: list[int] = []
+    # al.retry on the async face, with both of them awaited as hooks.
+    flaky = al.AsyncCircuitBreaker(state, "async-flaky", threshold=5, cooldown=5)
+    shared = al.AsyncRetryBudget(state, scope="root-async-2", minimum=2, ratio=0.0)
+    tries: list[int] = []
 
-        @al.retry(on=ConnectionError, attempts=5, base=0.001, budget=shared, breaker=flaky)
-        async def call() -> str:
-            tries.append(1)
-            raise ConnectionError("down")
+    @al.retry(on=ConnectionError, attempts=5, base=0.001, budget=shared, breaker=flaky)
+    async def call() -> str:
+        tries.append(1)
+        raise ConnectionError("down")
 
-        with pytest.raises(al.RetryBudgetExhausted) as refused:
-            await call()
-        assert len(tries) == 3  # the first attempt and the two retries the budget allowed
-        assert isinstance(refused.value.__context__, ConnectionError)
-        assert flaky.seen is not None
-        assert flaky.seen.failures == 3
-        spend = al.AsyncSpendBudget(state, "tokens", limit=100, scope="root-async")
-        async with await spend.reserve(80) as hold:
-            await hold.settle(70)
-        with pytest.raises(al.BudgetExceeded):
-            await spend.reserve(31)
-        assert await spend.spent() == 70
-    finally:
-        if backend is None:
-            await state.close()
+    with pytest.raises(al.RetryBudgetExhausted) as refused:
+        await call()
+    assert len(tries) == 3  # the first attempt and the two retries the budget allowed
+    assert isinstance(refused.value.__context__, ConnectionError)
+    assert flaky.seen is not None
+    assert flaky.seen.failures == 3
+    spend = al.AsyncSpendBudget(state, "tokens", limit=100, scope="root-async")
+    async with await spend.reserve(80) as hold:
+        await hold.settle(70)
+    with pytest.raises(al.BudgetExceeded):
+        await spend.reserve(31)
+    assert await spend.spent() == 70
 
 
 def test_retry_budget_composes_with_an_idempotent_tool(store: Store) -> None:

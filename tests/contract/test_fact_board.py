@@ -8,7 +8,6 @@ import threading
 import pytest
 
 import agentlease as al
-from tests.conftest import Store
 
 
 def test_branches_contribute_concurrently_and_reconcile(state: al.SharedState) -> None:
@@ -37,18 +36,9 @@ def test_branches_contribute_concurrently_and_reconcile(state: al.SharedState) -
         al.FactBoard(state).facts()
 
 
-async def test_the_async_face(store: Store) -> None:
-    backend = store.backend().open_async() if store.kind == "memory" else None
-    state = (
-        al.AsyncSharedState(backend)
-        if backend is not None
-        else al.AsyncSharedState.connect(store.url)
-    )
-    try:
-        board = al.AsyncFactBoard(state, scope="request-5")
-        await board.add(al.Fact(field="n", value=1, source="a", version=1))
-        await board.add(al.Fact(field="n", value=2, source="b", version=2))
-        assert await board.reconcile({"n": al.LatestByVersion()}) == {"n": 2}
-    finally:
-        if backend is None:
-            await state.close()
+async def test_the_async_face(astate: al.AsyncSharedState) -> None:
+    state = astate
+    board = al.AsyncFactBoard(state, scope="request-5")
+    await board.add(al.Fact(field="n", value=1, source="a", version=1))
+    await board.add(al.Fact(field="n", value=2, source="b", version=2))
+    assert await board.reconcile({"n": al.LatestByVersion()}) == {"n": 2}
