@@ -16,10 +16,10 @@ from collections.abc import Mapping
 
 from agentlease import _guards
 from agentlease._codec import JSON
-from agentlease._deadline import current_root
 from agentlease._reconcile import Fact, Policy, reconcile
-from agentlease.errors import InvalidInput, MissingIdentity
+from agentlease.errors import InvalidInput
 
+from .budgets import _scope
 from .state import AsyncSharedState
 
 __all__ = ["AsyncFactBoard"]
@@ -41,15 +41,7 @@ class AsyncFactBoard:
         self.scope = None if scope is None else _guards.record_key(scope)
 
     def _key(self) -> str:
-        if self.scope is not None:
-            return f"facts:{self.scope}"
-        root = current_root()
-        if root is None:
-            raise MissingIdentity(
-                "a fact board is scoped to the root task by default, and no task is running"
-                " here: run it inside a worker's handler or name a scope=..."
-            )
-        return _guards.record_key(f"facts:{root.root}")
+        return _guards.record_key(f"facts:{_scope(self.scope, 'a fact board')}")
 
     async def add(self, fact: Fact) -> None:
         """Contribute ``fact`` (replacing this source's earlier finding for its field), in one
