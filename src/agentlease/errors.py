@@ -45,6 +45,7 @@ Every refusal is one of these classes, so callers can catch exactly what they me
     │   ├── RetryBudgetExhausted                the root task's shared retry budget is spent
     │   ├── DeadlineExceeded                    the deadline of the work has passed
     │   └── BudgetExceeded                      a spend reservation would cross its limit
+    ├── PlanDiverged                            a replay asked for a model response the trace lacks
     ├── Cancelled                               the worker stopped the job (shutdown past grace)
     └── WorkerError                             the worker cannot run as configured
 
@@ -93,6 +94,7 @@ __all__ = [
     "PayloadError",
     "PayloadTooLarge",
     "PermissionDenied",
+    "PlanDiverged",
     "ReconciliationConflict",
     "ReplayedFailure",
     "ReservationLost",
@@ -659,6 +661,30 @@ class BudgetExceeded(ToolUnavailable):
             "spent": self.spent,
             "requested": self.requested,
         }
+
+
+class PlanDiverged(AgentLeaseError):
+    """A replayed run asked the model for a response its trace does not hold: one call too
+    many, a task or step that was not recorded, or (strict replay) another request.
+
+    The plan is pinned by the trace, so a run that leaves it is no longer the recorded run.
+
+    Attributes:
+        task: the task whose plan diverged.
+        step: the step that diverged (``m1``, ``m2``, ... for a task's model calls in order).
+        held: how many model responses the trace holds for the task.
+        detail: what differed, or ``""``.
+    """
+
+    def __init__(self, task: str, step: str, held: int, detail: str = "") -> None:
+        super().__init__(
+            f"the plan diverged at step {step} of task {task!r}: the trace holds {held}"
+            f" model responses for it" + (f"; {detail}" if detail else "")
+        )
+        self.task = task
+        self.step = step
+        self.held = held
+        self.detail = detail
 
 
 class Cancelled(AgentLeaseError):

@@ -79,6 +79,7 @@ PUBLIC = {
     "Union",
     "reconcile",
     "ReconciliationConflict",
+    "PlanDiverged",
     "AsyncCircuitBreaker",
     "AsyncRetryBudget",
     "AsyncSpendBudget",
