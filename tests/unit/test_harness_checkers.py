@@ -66,7 +66,8 @@ def test_created_once_names_the_step_both_resources_and_the_fault() -> None:
     assert indices(v) == [2, 3, 4]
     assert v.because[0].startswith("#2 world created charge ch-1")
     assert v.because[1] == (
-        "#3 the nemesis duplicated the call to charge (site tool:charge:duplicate, key t1/s3/1)."
+        "#3 the nemesis delivered the call to charge twice"
+        " (site tool:charge:duplicate, key t1/s3/1)."
     )
     assert v.because[2].startswith("#4 world created charge ch-2")
     assert len(v.because) == 4  # a timeline of two effects and one fault, then the rule
@@ -99,7 +100,7 @@ def test_monotonic_passes_linked_forward_moves() -> None:
 def test_monotonic_catches_a_lost_update() -> None:
     h = new()
     h.world("transition", key="o1", **{"from": "pending", "to": "paid"})  # 0
-    h.fault("pause", "worker", "o1")  # 1
+    h.fault("freeze", "process:freeze", "o1")  # 1
     h.world("transition", key="o1", **{"from": "pending", "to": "cancelled"})  # 2
     v = only(monotonic(h.ops))
     assert v.message == (
@@ -107,7 +108,7 @@ def test_monotonic_catches_a_lost_update() -> None:
         "that update was lost"
     )
     assert indices(v) == [0, 1, 2]
-    assert v.because[1].startswith("#1 the nemesis paused the worker")
+    assert v.because[1].startswith("#1 the nemesis froze the agent process")
     assert "#2 world moved o1 from " in v.because[2]
 
 
@@ -142,7 +143,7 @@ def test_locks_released_catches_a_lock_held_past_the_end() -> None:
     h = new()
     h.world("lock", lock="L1", owner="w1", task="t1")  # 0
     h.world("unlock", lock="L1", owner="w2")  # 1: another owner's release does not count
-    h.fault("crash", "worker", "t1/s1/1")  # 2
+    h.fault("crash", "process:crash", "t1/s1/1")  # 2
     h.record("store", "info", "cancel", task="t1", reason="stop")  # 3 ends it (info counts)
     h.world("unlock", lock="L1", owner="w1")  # 4: too late
     v = only(locks_released(h.ops))
@@ -151,7 +152,7 @@ def test_locks_released_catches_a_lock_held_past_the_end() -> None:
     )
     assert indices(v) == [0, 2, 3]
     assert "with no expiry" in v.because[0]
-    assert v.because[1].startswith("#2 the nemesis crashed the worker")
+    assert v.because[1].startswith("#2 the nemesis killed the agent process")
 
 
 def test_locks_released_catches_a_lock_that_would_expire_only_after_the_end() -> None:
@@ -199,7 +200,9 @@ def test_spend_within_budget_keeps_a_long_witness_short() -> None:
     v = only(spend_within_budget(h.ops))
     assert v.message.startswith("scope t1 spent 14 of 10 in 14 spends")
     assert indices(v) == [0, 1, 2, 3, 12, 15]
-    assert any(line.startswith("#1 the nemesis duplicated") for line in v.because)
+    assert any(
+        line.startswith("#1 the nemesis delivered the call to llm twice") for line in v.because
+    )
 
 
 # -- effects_traced --------------------------------------------------------------------------
@@ -269,7 +272,7 @@ def test_facts_agree_names_both_branches_values_and_evidence() -> None:
     h = new()
     fact = {"scope": "t1", "field": "status"}
     h.world("fact", **fact, value="paid", branch="billing", step="s1", evidence="invoice 12")
-    h.fault("lost_reply", "tool:crm:lost_reply", "t1/s2/1")  # 1
+    h.fault("ack_lost", "tool:crm:ack_lost", "t1/s2/1")  # 1
     h.world("fact", **fact, value="refunded", branch="crm", step="s2", evidence="ticket 9")
     h.world("fact", scope="t1", field="status", value="open", branch="crm")  # 3: a third value
     v = only(facts_agree(h.ops))
@@ -279,7 +282,7 @@ def test_facts_agree_names_both_branches_values_and_evidence() -> None:
         "ticket 9) at #2 (3 different values in all)"
     )
     assert indices(v) == [0, 1, 2]
-    assert "#1 the nemesis lost the reply to the call to crm" in v.because[1]
+    assert "#1 the nemesis lost the acknowledgement of the call to crm" in v.because[1]
 
 
 def test_facts_agree_tells_json_types_apart_and_a_branch_from_itself() -> None:
@@ -409,7 +412,8 @@ def test_format_shows_witness_because_seed_and_replay() -> None:
     assert lines[2:5] == [f"  {op.describe()}" for op in v.witness]
     assert lines[5] == "because:"
     fault = (
-        "#1 the nemesis duplicated the call to charge (site tool:charge:duplicate, key ta/s1/1)."
+        "#1 the nemesis delivered the call to charge twice"
+        " (site tool:charge:duplicate, key ta/s1/1)."
     )
     assert lines[6:9] == [f"  {line}" for line in v.because[:3]]
     assert lines[7] == f"  {fault}"

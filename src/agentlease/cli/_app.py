@@ -41,12 +41,15 @@ R = TypeVar("R")
 # Each command, and the module that defines it.
 COMMANDS = {
     "bench": "agentlease.bench.command",
+    "check": "agentlease.cli.harness",
     "dead": "agentlease.cli.admin",
     "demo": "agentlease.cli.demo",
     "enqueue": "agentlease.cli.admin",
+    "explore": "agentlease.cli.harness",
     "inspect": "agentlease.cli.admin",
     "keys": "agentlease.cli.keys",
     "migrate": "agentlease.cli.migrate",
+    "replay": "agentlease.cli.harness",
     "rights": "agentlease.cli.rights",
     "stats": "agentlease.cli.admin",
     "worker": "agentlease.cli.work",

@@ -97,13 +97,16 @@ _ENDED = {"complete": "completed", "dead": "dead-lettered", "cancel": "cancelled
 
 # How a fault reads in a "because" line; ``{call}`` is "the call to <tool>" or "a call".
 _FAULT_DOING = {
-    "duplicate": "duplicated {call}",
-    "drop": "dropped {call}",
-    "lost_reply": "lost the reply to {call}",
-    "timeout": "made {call} time out",
-    "crash": "crashed the worker during {call}",
-    "pause": "paused the worker during {call}",
-    "partition": "cut the worker off from the store during {call}",
+    "delay": "delayed {call}, so another branch could overtake it",
+    "duplicate": "delivered {call} twice",
+    "drop_response": "dropped the response to {call} after it ran",
+    "reorder": "held back the response to {call} until a later one was delivered",
+    "ack_lost": "lost the acknowledgement of {call}, which landed after the caller gave up",
+    "crash": "killed the agent process (as SIGKILL) after {call}",
+    "freeze": "froze the agent process past its lease (as SIGSTOP), then resumed it",
+    "store_delay": "delayed {call}",
+    "store_fail": "made the store refuse {call}",
+    "store_ack_lost": "lost the store's reply to {call} after it was applied",
 }
 
 
@@ -175,7 +178,11 @@ def _ends(op: Op) -> bool:
 def _fault_line(op: Op) -> str:
     kind, site, key = (_name(op.value.get(name, "?")) for name in ("kind", "site", "key"))
     parts = site.split(":")
-    call = f"the call to {parts[1]}" if len(parts) > 1 and parts[0] == "tool" else "a call"
+    call = "a call"
+    if len(parts) > 1 and parts[0] == "tool":
+        call = f"the call to {parts[1]}"
+    elif len(parts) > 1 and parts[0] == "store":
+        call = f"the store's {parts[1]}"
     doing = _FAULT_DOING.get(kind, f"injected a {kind} fault into {{call}}").replace("{call}", call)
     return f"#{op.index} the nemesis {doing} (site {site}, key {key})."
 

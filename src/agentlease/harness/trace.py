@@ -414,6 +414,27 @@ class ReplayModel:
         """The async face of calling the stub (the same responses and refusals)."""
         return self(task, step, request)
 
+    def at(self, task: str, step: str, request: JSON = None) -> JSON:
+        """The response recorded under ``(task, step)``, however often it is asked for.
+
+        This is how a retried attempt replays its plan: the harness's agents ask for steps
+        ``m1``, ``m2``, ... in every attempt, and each attempt gets the same responses.
+
+        Raises:
+            PlanDiverged: nothing was recorded under that step, or (strict) the request differs.
+            RecordedError: the recorded call raised.
+        """
+        events = self._by_task.get(task, [])
+        under = [e for e in events if e.step == step]
+        if not under:
+            why = f"no response was recorded under step {step!r}"
+            raise PlanDiverged(task, step, len(events), why)
+        event = under[0]
+        self._check_request(task, event, len(events), request)
+        if event.error is not None:
+            raise RecordedError(task, event.step, event.error["type"], event.error["message"])
+        return cast(JSON, orjson.loads(orjson.dumps(event.response)))
+
     def reset(self) -> None:
         """Start over: every response can be served again (for the next seed)."""
         with self._lock:
@@ -444,11 +465,14 @@ class ReplayModel:
                 why = f"the {len(under)} responses recorded under step {step!r} were all served"
                 raise PlanDiverged(task, step, len(events), why)
         event = events[free[0]]
+        self._check_request(task, event, len(events), request)
+        served[free[0]] = True
+        return event
+
+    def _check_request(self, task: str, event: TraceEvent, held: int, request: JSON) -> None:
         if self._strict and _canonical(request) != _canonical(event.request):
             why = (
                 f"the request differs from the recorded one: asked {_canonical(request):.300},"
                 f" recorded {_canonical(event.request):.300}"
             )
-            raise PlanDiverged(task, event.step, len(events), why)
-        served[free[0]] = True
-        return event
+            raise PlanDiverged(task, event.step, held, why)
