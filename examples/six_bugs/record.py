@@ -28,7 +28,8 @@ MAX_STEPS = 50
 
 def _load(name: str) -> ModuleType:
     spec = importlib.util.spec_from_file_location(f"six_bugs_{name}", HERE / f"{name}.py")
-    assert spec is not None and spec.loader is not None
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"cannot load {name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

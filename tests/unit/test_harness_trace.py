@@ -280,6 +280,19 @@ def test_replay_by_step() -> None:
     assert replay.remaining() == {"a": 0, "b": 1}
 
 
+def test_replay_at_a_step_serves_it_to_every_attempt() -> None:
+    replay = ReplayModel(replay_trace())
+    for _attempt in range(3):  # each attempt replays the plan from its first step
+        assert replay.at("a", "m1")["text"] == "plan for a1"
+        assert replay.at("a", "m3")["text"] == "plan for a3"
+    assert replay.remaining() == {"a": 3, "b": 1}  # at() serves without using anything up
+    with pytest.raises(PlanDiverged, match="step m4 of task 'a'") as info:
+        replay.at("a", "m4")
+    assert (info.value.task, info.value.held) == ("a", 3)
+    with pytest.raises(PlanDiverged, match="task 'zz'"):
+        replay.at("zz", "m1")
+
+
 def test_replay_returns_a_copy_each_caller_may_change() -> None:
     replay = ReplayModel(replay_trace())
     first = replay("b")
