@@ -188,3 +188,43 @@ def test_the_pytest_plugin_fails_a_test_with_the_minimal_witness(tmp_path: Path)
     assert "1 failed, 2 passed" in run.stdout
     assert "VIOLATION monotonic" in run.stdout
     assert "agentlease replay" in run.stdout
+
+
+def test_a_plan_that_diverges_from_the_trace_stops_the_run_loudly() -> None:
+    from agentlease.harness import Agent, Run, Scenario
+
+    lost = load_scenario(FIXED)
+
+    async def greedy(run: Run) -> None:
+        await run.enqueue("q", "t1")
+
+        async def handler(agent: Agent) -> object:
+            for _ in range(3):  # the trace holds two model responses for t1
+                await agent.plan()
+            return None
+
+        await run.agents("q", handler)
+
+    outcome = run_seed(Scenario("greedy", greedy, trace=lost.trace, faults=("delay",)), 0)
+    assert outcome.failed
+    assert outcome.error is not None
+    assert outcome.error.startswith("PlanDiverged: the plan diverged at step m3 of task 't1'")
+
+
+def test_a_system_that_never_finishes_is_stopped_at_its_time_limit() -> None:
+    from agentlease.harness import Agent, Run, Scenario
+
+    async def stuck(run: Run) -> None:
+        await run.enqueue("q", "t1")
+
+        async def handler(agent: Agent) -> object:
+            await run.sleep(10_000)
+            return None
+
+        await run.agents("q", handler)
+
+    outcome = run_seed(Scenario("stuck", stuck, time_limit=30), 0)
+    assert [v.checker for v in outcome.violations] == ["completions"]
+    assert "t1" in outcome.violations[0].message
+    stop = [op for op in outcome.history.ops if op.f == "stop"]
+    assert stop[0].time >= 30

@@ -62,6 +62,7 @@ KINDS = TOOL_KINDS + PROCESS_KINDS + STORE_KINDS
 # How often an active site fires, drawn per site from the seed.
 _RATES = (0.1, 0.25, 0.5)
 _ACTIVE = 0.6  # the chance a site is active in a run
+_STORE_SHARE = 0.2  # store sites fire this much less often than the rate drawn
 
 #: The simulated process doing the current work (set by the agent loop).
 current_process: contextvars.ContextVar[str] = contextvars.ContextVar(
@@ -148,6 +149,8 @@ class Faults:
             strike = fired.spec in self.only
         else:
             rate = _RATES[int(_unit(self.seed, "rate", site) * len(_RATES))]
+            if fired.kind in STORE_KINDS:
+                rate *= _STORE_SHARE  # visited on every round trip, idle polls included
             strike = self.active(site) and _unit(self.seed, site, key) < rate
         if strike:
             self.fired.append(fired)

@@ -34,7 +34,7 @@ from agentlease._async.state import AsyncSharedState
 from agentlease._records import Job
 from agentlease._settings import QueueSettings
 from agentlease.backends import connect_async
-from agentlease.errors import BackendUnavailable, InvalidInput, LeaseLost
+from agentlease.errors import BackendUnavailable, InvalidInput, LeaseLost, PlanDiverged
 from agentlease.harness._virtual import VirtualClock, run_virtual
 from agentlease.harness.checkers import CHECKERS, Checker, Violation, check
 from agentlease.harness.faults import KINDS, Faults, FaultyBackend, ToolCall, ToolRuntime
@@ -291,12 +291,12 @@ class Run:
         mine = self._processes[start:]
         while not all(p.done() for p in mine):
             await self.sleep(self.lease_for / 4)
+            for p in mine:  # a broken harness or a diverged plan ends the run at once
+                if p.done() and not p.cancelled() and (error := p.exception()) is not None:
+                    raise error
             with contextlib.suppress(BackendUnavailable):
                 if await self._finished(name):
                     break
-        for p in mine:
-            if p.done() and not p.cancelled() and p.exception() is not None:
-                raise p.exception()  # type: ignore[misc]
 
     async def _agent(
         self, process: str, queue: str, handler: Handler, max_attempts: int, retry_in: float
@@ -325,6 +325,8 @@ class Run:
         agent = Agent(self, job, task, body.get("payload"), process)
         try:
             result = await handler(agent)
+        except PlanDiverged:
+            raise  # never blamed on the model: the run stops and says where the plan diverged
         except LeaseLost:
             self.history.record(process, "info", "abandon", task=task, attempt=attempt)
             return
