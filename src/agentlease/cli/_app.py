@@ -79,7 +79,8 @@ def cli() -> None:
 def _console(stderr: bool) -> Console:
     from rich.console import Console
 
-    return Console(stderr=stderr)
+    # No emoji codes: a name such as tool:ship:drop would print as a ship.
+    return Console(stderr=stderr, emoji=False)
 
 
 def __getattr__(name: str) -> Any:

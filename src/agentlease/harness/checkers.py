@@ -473,7 +473,13 @@ def facts_agree(ops: Sequence[Op]) -> list[Violation]:
             f"#{a.index}, but {who} found {_told(b)} at #{b.index}{more}",
             [a, b],
             *(f"#{op.index} branch {_branch(op)} asserted {field} = {_told(op)}." for op in (a, b)),
-            about=[(_text(a, "scope"),), (_text(a, "step"),), (_text(b, "step"),)],
+            about=[
+                (_text(a, "scope"),),
+                (_text(a, "branch"), _text(a, "step")),
+                (_text(b, "branch"), _text(b, "step")),
+                (_text(a, "branch"),),
+                (_text(b, "branch"),),
+            ],
         )
     return report.found
 

@@ -247,14 +247,20 @@ class Run:
 
         return register
 
-    async def enqueue(self, queue: str, task: str, payload: Any = None, **options: Any) -> None:
-        """Enqueue the scenario's task ``task`` (recorded as ``enqueue``)."""
+    async def enqueue(self, queue: str, task: str, payload: Any = None, **options: Any) -> bool:
+        """Enqueue the scenario's task ``task`` (recorded as ``enqueue`` if it was created).
+
+        Returns:
+            Whether it was created (``False``: a task of that name exists already).
+        """
         store_id = self.name(task)
         self._tasks[store_id] = task
-        await self.queue.enqueue(
+        enqueued = await self.queue.enqueue(
             self.name(queue), {"task": task, "payload": payload}, id=store_id, **options
         )
-        self.history.world("enqueue", task=task, queue=queue)
+        if enqueued.created:
+            self.history.world("enqueue", task=task, queue=queue)
+        return enqueued.created
 
     async def _crash_point(self, key: str) -> None:
         if self.faults.decide("process:crash", key):
