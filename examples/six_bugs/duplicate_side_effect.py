@@ -33,10 +33,7 @@ TASKS = {
     "t3": {"order": "o3", "amount": 3000},
 }
 TRIES = 3  # calls of one charge per attempt of the task, before the attempt gives up
-# A killed agent process stays dead (nothing restarts it here), and a task is dead-lettered once
-# its lease has run out four times (the run's max_reclaims is 3): one more agent than the task
-# attempts that crashes can take is always left to finish the work.
-AGENTS = len(TASKS) * 4 + 1
+AGENTS = 3  # a killed agent process is replaced, as its supervisor would
 
 
 def planner(task: str, step: str, request: Any = None) -> Any:

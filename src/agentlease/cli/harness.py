@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Literal
 
 import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -29,7 +30,8 @@ FAILED_STATUS = 1  # a violation was found (2 is kept for refusals and bad input
 def _summary_table(s: Summary) -> Table:
     table = Table(title=f"{s.scenario} on {s.store}")
     for column in ("seeds", "failed", "first failing seed", "checkers", "faults", "seeds/min"):
-        table.add_column(column, justify="right" if column != "checkers" else "left")
+        justify: Literal["left", "right"] = "left" if column == "checkers" else "right"
+        table.add_column(column, justify=justify, overflow="fold")
     checkers = ", ".join(f"{name} x{n}" for name, n in sorted(s.checkers.items())) or "-"
     if s.errors:
         checkers += f" (system raised x{s.errors})"

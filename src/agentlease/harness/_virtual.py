@@ -86,6 +86,17 @@ def run_virtual(main: Callable[[VirtualClock], Coroutine[Any, Any, T]], *, seed:
         try:
             return loop.run_until_complete(main(clock))
         finally:
+            _cancel_leftovers(loop)
             with contextlib.suppress(Exception):
                 loop.run_until_complete(loop.shutdown_asyncgens())
             loop.close()
+
+
+def _cancel_leftovers(loop: asyncio.AbstractEventLoop) -> None:
+    """Cancel the tasks still pending (background renewals, late requests), as asyncio.run does."""
+    pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+    for task in pending:
+        task.cancel()
+    if pending:
+        with contextlib.suppress(Exception):
+            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))

@@ -261,7 +261,7 @@ def created_once(ops: Sequence[Op]) -> list[Violation]:
             [a, b],
             f"#{a.index} {a.process} created {kind} {_resource(a)} for {_step(task, step)}.",
             f"#{b.index} {b.process} created {kind} {_resource(b)} for the same step.",
-            about=[(task, step)],
+            about=[(task, step), (task,)],
         )
     return report.found
 

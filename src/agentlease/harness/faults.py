@@ -20,10 +20,13 @@ Tool faults, injected by :class:`ToolRuntime` around the simulated world's tools
 
 Process faults (:meth:`Faults.decide` at the points the agent loop offers): ``crash`` stops the
 agent process for good between a tool's side effect and the record of it (as SIGKILL would: no
-cleanup, no release, no more heartbeats), ``freeze`` stops it past its lease and resumes it (as
-SIGSTOP and SIGCONT would). Store faults (:class:`FaultyBackend`): ``store_delay`` before a
-primitive, ``store_fail`` (refused before it reaches the store: nothing applied) and
-``store_ack_lost`` (applied, the reply lost); the caller sees
+cleanup, no release, no more heartbeats; a new agent process starts in its place), ``freeze``
+stops it past its lease and resumes it (as SIGSTOP and SIGCONT would). The harness simulates
+both inside the run's process, so that they are seeded and replayable; the store sees what it
+would see of a killed or stopped process: a lease that is no longer renewed, then (after a
+freeze) late writes that fencing refuses. Store faults (:class:`FaultyBackend`):
+``store_delay`` before a primitive, ``store_fail`` (refused before it reaches the store: nothing
+applied) and ``store_ack_lost`` (applied, the reply lost); the caller sees
 :class:`~agentlease.errors.BackendUnavailable` as from a real outage.
 """
 
@@ -209,6 +212,7 @@ class ToolRuntime:
         self._tools: dict[str, Effect] = {}
         self._late: set[asyncio.Task[None]] = set()
         self._delivered: dict[str, asyncio.Event] = {}
+        self._visits: dict[tuple[str, str, str, int], int] = {}
 
     def register(self, name: str, fn: Effect) -> None:
         """Add a tool."""
@@ -246,7 +250,11 @@ class ToolRuntime:
             raise InvalidInput(f"unknown tool {tool!r}: the world has {sorted(self._tools)}")
         process = current_process.get()
         call = ToolCall(tool, args, task, step, attempt, process)
-        key, site = f"{task}/{step}/{attempt}", f"tool:{tool}"
+        # The n-th call of one step in one attempt (a retry within the attempt) is its own
+        # visit: ``t1/s2/1``, then ``t1/s2/1#2``, so a retry draws its own faults.
+        visit = (tool, task, step, attempt)
+        n = self._visits[visit] = self._visits.get(visit, 0) + 1
+        key, site = f"{task}/{step}/{attempt}" + (f"#{n}" if n > 1 else ""), f"tool:{tool}"
         decide, faults = self._faults.decide, self._faults
         op = self._history.invoke(process, "call", tool=tool, task=task, step=step, args=args)
         await self._sleep(faults.amount(f"{site}:latency", key, 0.0, self.timeout / 10))

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import itertools
 import logging
 import os
@@ -48,6 +49,10 @@ System = Callable[["Run"], Awaitable[None]]
 Handler = Callable[["Agent"], Awaitable[Any]]
 _TERMINAL = ("done", "dead", "cancelled")
 _RUN_IDS = itertools.count()
+# How the current agent process is restarted after a crash (its supervisor).
+_restart: contextvars.ContextVar[Callable[[], None]] = contextvars.ContextVar(
+    "agentlease_harness_restart"
+)
 
 
 @dataclass(frozen=True)
@@ -148,7 +153,8 @@ class Agent:
         """Call a tool of the world as ``step`` of this task, through the seeded faults.
 
         After the side effect, before the agent records it, the process may crash (it stops
-        here for good, keeping its lease until the store reaps it).
+        here for good, keeping its lease until the store reaps it; a new agent process takes
+        its place, as a supervisor would start one).
 
         Raises:
             ResponseLost: the response was dropped or its acknowledgement lost.
@@ -229,6 +235,7 @@ class Run:
             self.model = ReplayModel(Trace.load(scenario.trace))
         self._tasks: dict[str, str] = {}  # store id -> task name
         self._processes: list[asyncio.Task[None]] = []
+        self._agent_ids = itertools.count(1)
 
     async def sleep(self, seconds: float) -> None:
         """Sleep on the run's clock."""
@@ -264,7 +271,9 @@ class Run:
 
     async def _crash_point(self, key: str) -> None:
         if self.faults.decide("process:crash", key):
-            await asyncio.Future()  # SIGKILL: nothing of this process runs again
+            # SIGKILL: nothing of this process runs again; its supervisor starts another.
+            _restart.get()()
+            await asyncio.Future()
 
     async def _finished(self, queue: str) -> bool:
         counts = (await self.queue.stats(queue)).counts
@@ -288,16 +297,21 @@ class Run:
         gives the task up (the store requeues it).
         """
         name = self.name(queue)
-        start = len(self._processes)
-        for i in range(n):
-            process = f"agent{start + i + 1}"
-            self._processes.append(
-                asyncio.ensure_future(self._agent(process, name, handler, max_attempts, retry_in))
+        mine: list[asyncio.Task[None]] = []
+
+        def spawn() -> None:
+            process = f"agent{next(self._agent_ids)}"
+            proc = asyncio.ensure_future(
+                self._agent(process, name, handler, max_attempts, retry_in, spawn)
             )
-        mine = self._processes[start:]
+            mine.append(proc)
+            self._processes.append(proc)
+
+        for _ in range(n):
+            spawn()
         while not all(p.done() for p in mine):
             await self.sleep(self.lease_for / 4)
-            for p in mine:  # a broken harness or a diverged plan ends the run at once
+            for p in list(mine):  # a broken harness or a diverged plan ends the run at once
                 if p.done() and not p.cancelled() and (error := p.exception()) is not None:
                     raise error
             with contextlib.suppress(BackendUnavailable):
@@ -305,9 +319,16 @@ class Run:
                     break
 
     async def _agent(
-        self, process: str, queue: str, handler: Handler, max_attempts: int, retry_in: float
+        self,
+        process: str,
+        queue: str,
+        handler: Handler,
+        max_attempts: int,
+        retry_in: float,
+        restart: Callable[[], None],
     ) -> None:
         _process.set(process)
+        _restart.set(restart)
         poll = self.lease_for / 8
         while True:
             try:
