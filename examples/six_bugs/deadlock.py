@@ -11,10 +11,14 @@ turn does harm too: a holder frozen in the model turn keeps its lock after its t
 dead-lettered (``locks_released``), and the others queue behind it meanwhile.
 
 The fixed agent asks the model first, then takes both locks as one lock set,
-``run.state.locks([a, b], timeout=..., ttl=...)``: sorted canonically whatever order the plan
+``agent.state.locks([a, b], timeout=..., ttl=...)``: sorted canonically whatever order the plan
 names them in, all or nothing, within a timeout well inside the lease, with a TTL renewed while
 held. It holds them only for the posting, never across a model turn. A lock set that cannot be
-had in time raises ``LockTimeout``, which fails the attempt; the harness retries it.
+had in time raises ``LockTimeout``, which fails the attempt; the harness retries it. The TTL is
+half the task's lease: when the holder is killed, its renewals stop, and its locks must be free
+before its task's lease runs out and the task is run again or dead-lettered. (With a TTL as long
+as the lease, the harness found a killed holder's lock still taken after its task was
+dead-lettered.)
 
 The bank posts each client reference once (the agent sends its step's key, the same in every
 attempt), as payment APIs do: an attempt that outlived its lease waiting for a lock and the
@@ -82,8 +86,8 @@ async def _locked(
     lock taken (``lock`` ok) and each released (``unlock``)."""
     locks = [f"account:{a}" for a in sorted(set(accounts))]
     who = {"owner": f"{agent.process}#{agent.attempt}", "task": agent.task}
-    waits = [run.history.invoke(agent.process, "lock", lock=lock, **who) for lock in locks]
-    held = run.state.locks([run.name(lock) for lock in locks], timeout=timeout, ttl=ttl)
+    waits = [run.history.invoke(agent.process, "lock", lock=lock, ttl=ttl, **who) for lock in locks]
+    held = agent.state.locks([run.name(lock) for lock in locks], timeout=timeout, ttl=ttl)
     try:
         async with held:
             for wait in waits:
@@ -125,15 +129,15 @@ async def fixed(run: Run) -> None:
         plan = await agent.plan()
         confirmed = await agent.plan()
         accounts = [plan["from"], plan["to"]]
-        async with _locked(run, agent, accounts, timeout=run.lease_for / 4, ttl=run.lease_for):
+        timeout, ttl = run.lease_for / 4, run.lease_for / 2
+        async with _locked(run, agent, accounts, timeout=timeout, ttl=ttl):
             return await _post(agent, plan, confirmed)
 
     await run.agents("transfers", handler, n=3)
 
 
-# Delays and freezes decide who waits for whom, and for how long. Crashes are left out: the
-# harness keeps renewing a crashed agent's locks (a killed process would stop, and the TTL would
-# free them) and does not replace the agent.
-FAULTS = ("delay", "freeze", "store_delay")
+# Delays and freezes decide who waits for whom, and for how long; a crash kills a holder, whose
+# locks its TTL frees.
+FAULTS = ("delay", "freeze", "crash", "store_delay")
 BROKEN = Scenario("deadlock (broken)", broken, trace=TRACE, faults=FAULTS, time_limit=30)
 FIXED = Scenario("deadlock (fixed)", fixed, trace=TRACE, faults=FAULTS, time_limit=30)

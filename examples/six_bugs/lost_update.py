@@ -48,11 +48,11 @@ async def broken(run: Run) -> None:
 
     async def handler(agent: Agent) -> Any:
         plan = await agent.plan()
-        read = await run.state.get(key)
+        read = await agent.state.get(key)
         price = await agent.call("price", {"item": plan["item"]}, step=plan["step"])
         items = [*read.value.get("items", []), {"item": plan["item"], "price": price}]
-        current = await run.state.get(key)  # the naive write: whatever version is there now
-        version = await run.state.compare_and_set(key, current.version, {"items": items})
+        current = await agent.state.get(key)  # the naive write: whatever version is there now
+        version = await agent.state.compare_and_set(key, current.version, {"items": items})
         run.history.world("transition", key=CART, **{"from": read.version, "to": version})
         return await agent.plan()
 
@@ -66,14 +66,14 @@ async def fixed(run: Run) -> None:
 
     async def handler(agent: Agent) -> Any:
         plan = await agent.plan()
-        read = await run.state.get(key)
+        read = await agent.state.get(key)
         price = await agent.call("price", {"item": plan["item"]}, step=plan["step"])
         while True:
             items = [*read.value.get("items", []), {"item": plan["item"], "price": price}]
             try:
-                version = await run.state.compare_and_set(key, read.version, {"items": items})
+                version = await agent.state.compare_and_set(key, read.version, {"items": items})
             except ConflictError:
-                read = await run.state.get(key)
+                read = await agent.state.get(key)
                 continue
             run.history.world("transition", key=CART, **{"from": read.version, "to": version})
             return await agent.plan()

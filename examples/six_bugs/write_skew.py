@@ -7,7 +7,7 @@ adds its cost: every branch's check is true on its own, and by the time the othe
 the sum is 120. The ``spend_within_budget`` checker sees it in what the booking tool spent.
 
 The fixed branch materialises the constraint: it takes its cost from a counter bounded by the
-budget, ``run.state.hold(counter, cost, limit=100)``, before the model turn, and commits the hold
+budget, ``agent.state.hold(counter, cost, limit=100)``, before the model turn, and commits the hold
 just before it books. Check and spend are one atomic step on one row, so of the branches that fit
 alone, the one that would cross the limit is refused (``LimitReached``) and ends done with
 "skipped: over budget".
@@ -18,7 +18,7 @@ reserve then settle) gives its units back when its holder dies, and a branch may
 its booking landed: the units would come back while the money is spent, and another branch would
 spend them again. Committed first, the units stay taken whatever becomes of the booking (a lost
 response, a crash), which errs on the safe side. Until then the hold is what a plain
-``run.state.reserve`` is not: a branch that dies or loses its lease during the model turn, having
+``agent.state.reserve`` is not: a branch that dies or loses its lease during the model turn, having
 booked nothing, gives its units back (at once, or when the hold's TTL runs out) instead of
 leaking them for good.
 
@@ -86,11 +86,11 @@ async def broken(run: Run) -> None:
 
     async def handler(agent: Agent) -> Any:
         plan = await agent.plan()
-        if await run.state.counter(spent) + plan["cost"] > BUDGET:
+        if await agent.state.counter(spent) + plan["cost"] > BUDGET:
             return SKIPPED
         draft = await agent.plan()  # the model drafts the booking; the others book meanwhile
         booked = await _book(agent, plan["item"], draft)
-        await run.state.add(spent, plan["cost"])
+        await agent.state.add(spent, plan["cost"])
         return booked
 
     await run.agents("offsite", handler, n=3)
@@ -104,7 +104,8 @@ async def fixed(run: Run) -> None:
     async def handler(agent: Agent) -> Any:
         plan = await agent.plan()
         try:
-            async with run.state.hold(spent, plan["cost"], limit=BUDGET, ttl=run.lease_for) as held:
+            hold = agent.state.hold(spent, plan["cost"], limit=BUDGET, ttl=run.lease_for)
+            async with hold as held:
                 draft = await agent.plan()  # a branch that dies here gives its units back
                 await held.commit()  # from here they stay spent, whatever becomes of the booking
                 return await _book(agent, plan["item"], draft)
@@ -115,8 +116,7 @@ async def fixed(run: Run) -> None:
 
 
 # Delays, reordered responses and freezes decide whose check goes stale; a lost response or
-# acknowledgement leaves a booking's outcome unknown. Crashes are left out: the harness does not
-# replace a crashed agent, and three crashes leave no agent to end the tasks.
-FAULTS = ("delay", "reorder", "drop_response", "ack_lost", "freeze", "store_delay")
+# acknowledgement leaves a booking's outcome unknown; a crash kills a branch holding units.
+FAULTS = ("delay", "reorder", "drop_response", "ack_lost", "crash", "freeze", "store_delay")
 BROKEN = Scenario("write skew (broken)", broken, trace=TRACE, faults=FAULTS, time_limit=30)
 FIXED = Scenario("write skew (fixed)", fixed, trace=TRACE, faults=FAULTS, time_limit=30)

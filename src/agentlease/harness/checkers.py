@@ -311,8 +311,11 @@ def locks_released(ops: Sequence[Op]) -> list[Violation]:
 
     A task ends at its first ok ``complete`` or at a ``dead`` or ``cancel`` op. A lock taken (ok
     ``lock``) for the task before then must be released (ok ``unlock`` of the same lock and owner)
-    before it ends, or expire by then (its ``expires`` time on the run's clock). A lock of a task
-    that never ended is not this checker's business.
+    before it ends, or expire by then: at its ``expires`` time on the run's clock, or, for a lock
+    with a ``ttl`` renewed by the process that took it, ``ttl`` after that process stopped
+    renewing (a ``crash`` fault whose ``target`` is that process, or a ``freeze`` of it for
+    ``seconds`` longer than the ``ttl``). A lock of a task that never ended is not this
+    checker's business.
     """
     ends: dict[str, Op] = {}  # each task's first end
     for op in ops:
@@ -334,6 +337,8 @@ def locks_released(ops: Sequence[Op]) -> list[Violation]:
         ):
             continue
         expires = _number(op, "expires")
+        if expires is None:
+            expires = _renewals_stopped(ops, op)
         if expires is not None and expires <= end.time:
             continue
         expiry = "with no expiry" if expires is None else f"to expire at {expires:.3f}s"
@@ -347,6 +352,23 @@ def locks_released(ops: Sequence[Op]) -> list[Violation]:
             about=[(task,), (lock,)],
         )
     return report.found
+
+
+def _renewals_stopped(ops: Sequence[Op], taken: Op) -> float | None:
+    """When a renewed lock ran out because the process renewing it was killed or frozen for
+    longer than its ``ttl`` (run clock), or ``None``."""
+    ttl = _number(taken, "ttl")
+    if ttl is None:
+        return None
+    for op in ops:
+        if op.index <= taken.index or op.f != "fault" or _text(op, "target") != taken.process:
+            continue
+        kind = _text(op, "kind")
+        if kind == "crash":
+            return op.time + ttl
+        if kind == "freeze" and (_number(op, "seconds") or 0.0) > ttl:
+            return op.time + ttl
+    return None
 
 
 def spend_within_budget(ops: Sequence[Op]) -> list[Violation]:

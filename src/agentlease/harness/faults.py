@@ -52,6 +52,7 @@ __all__ = [
     "Faults",
     "FaultyBackend",
     "Fired",
+    "ProcessGate",
     "ResponseLost",
     "ToolRuntime",
     "current_process",
@@ -304,25 +305,95 @@ _WRITES = frozenset(
 )
 
 
+class ProcessGate:
+    """What the signals sent to a simulated process do to its round trips to the store.
+
+    Killed (SIGKILL): nothing more reaches the store, and no reply is handled: its lock and
+    reservation renewals stop, so their TTLs free them. Stopped (SIGSTOP): nothing is sent and
+    no reply is handled until it is continued (SIGCONT).
+    """
+
+    def __init__(self) -> None:
+        self.dead = False
+        self._running = asyncio.Event()
+        self._running.set()
+        self._never: asyncio.Future[None] | None = None
+        self._released = False
+
+    def kill(self) -> None:
+        """SIGKILL."""
+        self.dead = True
+
+    def stop(self) -> None:
+        """SIGSTOP."""
+        self._running.clear()
+
+    def cont(self) -> None:
+        """SIGCONT."""
+        self._running.set()
+
+    def release(self) -> None:
+        """The run is over: a stopped process goes on, a dead one's calls are cancelled."""
+        self._released = True
+        self._running.set()
+        if self._never is not None:
+            self._never.cancel()
+
+    async def passage(self) -> None:
+        """Wait until the process may act (for ever, once it is dead, until the run ends)."""
+        await self._running.wait()
+        if self.dead:
+            if self._released:
+                raise asyncio.CancelledError
+            if self._never is None:
+                self._never = asyncio.get_running_loop().create_future()
+            await asyncio.shield(self._never)
+
+
 class FaultyBackend:
     """An async backend whose write primitives may be delayed, refused or lose their reply.
 
-    Each call of a primitive by a process is a visit keyed ``process:primitive#n``.
+    Each call of a primitive by a process is a visit keyed ``process:primitive#n``. With a
+    ``gate``, the wrapper belongs to one simulated process (``process``), and its round trips
+    stop when that process is killed or stopped. Closing the wrapper leaves the store open: the
+    run owns it.
     """
 
     def __init__(
-        self, backend: Any, faults: Faults, sleep: Callable[[float], Awaitable[None]]
+        self,
+        backend: Any,
+        faults: Faults,
+        sleep: Callable[[float], Awaitable[None]],
+        *,
+        gate: ProcessGate | None = None,
+        process: str | None = None,
     ) -> None:
         self._backend, self._faults, self._sleep = backend, faults, sleep
+        self._gate, self._process = gate, process
         self._visits: dict[tuple[str, str], int] = {}
+
+    async def close(self) -> None:
+        """Nothing: the run closes its store."""
 
     def __getattr__(self, name: str) -> Any:
         target = getattr(self._backend, name)
+        gate = self._gate
         if name not in _WRITES or not callable(target):
-            return target
+            if gate is None or not inspect.iscoroutinefunction(target):
+                return target
+
+            async def read(*args: Any, **kwargs: Any) -> Any:
+                await gate.passage()
+                result = await target(*args, **kwargs)
+                await gate.passage()
+                return result
+
+            return read
 
         async def primitive(*args: Any, **kwargs: Any) -> Any:
-            process = current_process.get()
+            process = self._process or current_process.get()
+            if gate is not None:
+                await gate.passage()
             n = self._visits[process, name] = self._visits.get((process, name), 0) + 1
             key, site = f"{process}:{name}#{n}", f"store:{name}"
             if self._faults.decide(f"{site}:store_delay", key):
@@ -330,6 +401,8 @@ class FaultyBackend:
             if self._faults.decide(f"{site}:store_fail", key):
                 raise BackendUnavailable(f"{name}: the store did not answer (injected)")
             result = await target(*args, **kwargs)
+            if gate is not None:
+                await gate.passage()
             if self._faults.decide(f"{site}:store_ack_lost", key):
                 raise BackendUnavailable(f"{name}: the reply was lost (injected)")
             return result

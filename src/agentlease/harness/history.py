@@ -15,7 +15,7 @@ histories recorded elsewhere as well (``History.load``):
 ``step``       ``task``, ``step``: a plan step began      ``effects_traced``
 ``effect``     ``kind``, ``resource``, ``step``, ``task`` ``created_once``, ``effects_traced``
 ``transition`` ``key``, ``from``, ``to`` (``order``)      ``monotonic``
-``lock``       ``lock``, ``owner``, ``task``              ``locks_released``
+``lock``       ``lock``, ``owner``, ``task`` (``ttl``)    ``locks_released``
 ``unlock``     ``lock``, ``owner``                        ``locks_released``
 ``budget``     ``scope``, ``limit``                       ``spend_within_budget``
 ``spend``      ``scope``, ``units``                       ``spend_within_budget``
@@ -25,7 +25,8 @@ histories recorded elsewhere as well (``History.load``):
 ``complete``   ``task``, ``attempt``                      ``completions``, ``locks_released``
 ``dead``       ``task``, ``reason``                       ``completions``, ``locks_released``
 ``cancel``     ``task``, ``reason``                       ``completions``, ``locks_released``
-``fault``      ``kind``, ``site``, ``key``                (the witness's "because")
+``fault``      ``kind``, ``site``, ``key``;               (the witness's "because"),
+               ``target``, ``seconds`` (crash, freeze)    ``locks_released``
 ============== ========================================== ===============================
 
 The harness records through this object only (an in-process list under a lock), never through

@@ -38,7 +38,14 @@ from agentlease.backends import connect_async
 from agentlease.errors import BackendUnavailable, InvalidInput, LeaseLost, PlanDiverged
 from agentlease.harness._virtual import VirtualClock, run_virtual
 from agentlease.harness.checkers import CHECKERS, Checker, Violation, check
-from agentlease.harness.faults import KINDS, Faults, FaultyBackend, ToolCall, ToolRuntime
+from agentlease.harness.faults import (
+    KINDS,
+    Faults,
+    FaultyBackend,
+    ProcessGate,
+    ToolCall,
+    ToolRuntime,
+)
 from agentlease.harness.faults import current_process as _process
 from agentlease.harness.history import History
 from agentlease.harness.trace import ReplayModel, Trace
@@ -110,13 +117,18 @@ class Agent:
         payload: the task's payload.
         process: the simulated process running it.
         lease: the lease (pass ``lease.attempt`` as a fence to fenced writes).
+        state, queue: this process's own clients of the store. Use them for anything that
+            renews in the background (lock sets, counter holds): a killed process's renewals
+            stop, a frozen one's wait, as they would in a real process.
     """
 
     def __init__(self, run: Run, job: Job, task: str, payload: Any, process: str) -> None:
         self.run, self.job, self.task, self.payload, self.process = run, job, task, payload, process
         self.lease = job.lease
         self.attempt = job.lease.attempt
+        self.queue, self.state = run._clients(process)
         self._model_calls = 0
+        self._beats = 0
 
     def key(self, step: str) -> str:
         """The idempotency key of one step of this task: the same in every attempt."""
@@ -163,7 +175,7 @@ class Agent:
         result = await self.run.tools.call(
             tool, args, task=self.task, step=step, attempt=self.attempt
         )
-        await self.run._crash_point(f"{self.task}/{step}/{self.attempt}")
+        await self.run._crash_point(self.process, f"{self.task}/{step}/{self.attempt}")
         return result
 
     async def heartbeat(self) -> None:
@@ -173,11 +185,10 @@ class Agent:
             LeaseLost: the lease was reaped; stop, anything more this attempt writes is refused.
         """
         run = self.run
-        key = f"{self.task}/hb{self._model_calls}/{self.attempt}"
-        if run.faults.decide("process:freeze", key):
-            await run.sleep(run.lease_for * 2.5)
+        self._beats += 1
+        await run._freeze_point(self.process, f"{self.task}/hb{self._beats}/{self.attempt}")
         try:
-            (renewed,) = await run.queue.extend([self.lease], lease_for=run.lease_for)
+            (renewed,) = await self.queue.extend([self.lease], lease_for=run.lease_for)
         except BackendUnavailable:
             return  # the next heartbeat tries again; the lease still has time
         if renewed is None:
@@ -198,7 +209,8 @@ class Run:
         faults: the run's seeded fault decisions.
         model: the replayed model (``None`` without a trace).
         rng: the seeded random stream for the system's own choices.
-        queue, state: agentlease clients over the run's store, through the store faults.
+        queue, state: agentlease clients over the run's store, through the store faults (for the
+            system's setup and its world; agents use their own, :attr:`Agent.state`).
         tools: the simulated world's tools, through the tool faults.
         lease_for: the agents' lease length in seconds (run clock).
     """
@@ -229,6 +241,9 @@ class Run:
         )
         self.state = AsyncSharedState(self.backend)
         self.state._rand.seed(seed)
+        self._backend = backend
+        self._gates: dict[str, ProcessGate] = {}
+        self._per_process: dict[str, tuple[AsyncQueue, AsyncSharedState]] = {}
         self.tools = ToolRuntime(self.faults, self.history, self.sleep, timeout=lease_for / 4)
         self.model: ReplayModel | None = None
         if scenario.trace is not None:
@@ -262,18 +277,53 @@ class Run:
         """
         store_id = self.name(task)
         self._tasks[store_id] = task
-        enqueued = await self.queue.enqueue(
-            self.name(queue), {"task": task, "payload": payload}, id=store_id, **options
-        )
-        if enqueued.created:
+        uncertain = False
+        for tries_left in reversed(range(5)):
+            try:
+                enqueued = await self.queue.enqueue(
+                    self.name(queue), {"task": task, "payload": payload}, id=store_id, **options
+                )
+            except BackendUnavailable:
+                if not tries_left:
+                    raise
+                uncertain = True  # it may have landed: the retry, with the same id, will say
+                await self.sleep(self.lease_for / 10)
+                continue
+            break
+        if enqueued.created or uncertain:
             self.history.world("enqueue", task=task, queue=queue)
         return enqueued.created
 
-    async def _crash_point(self, key: str) -> None:
-        if self.faults.decide("process:crash", key):
-            # SIGKILL: nothing of this process runs again; its supervisor starts another.
+    def _clients(self, process: str) -> tuple[AsyncQueue, AsyncSharedState]:
+        """The process's own queue and state clients, behind its gate."""
+        clients = self._per_process.get(process)
+        if clients is None:
+            gate = self._gates.setdefault(process, ProcessGate())
+            backend = FaultyBackend(
+                self._backend, self.faults, self.sleep, gate=gate, process=process
+            )
+            queue = AsyncQueue(backend, settings=self.queue.settings, on_event=_quiet)
+            state = AsyncSharedState(backend)
+            state._rand.seed(f"{self.seed}/{process}")
+            clients = self._per_process[process] = (queue, state)
+        return clients
+
+    async def _crash_point(self, process: str, key: str) -> None:
+        if self.faults.decide("process:crash", key, target=process):
+            # SIGKILL: nothing of this process runs again, its renewals stop; its supervisor
+            # starts another process in its place.
+            self._gates.setdefault(process, ProcessGate()).kill()
             _restart.get()()
             await asyncio.Future()
+
+    async def _freeze_point(self, process: str, key: str) -> None:
+        seconds = self.lease_for * 2.5
+        if self.faults.decide("process:freeze", key, target=process, seconds=seconds):
+            # SIGSTOP past the lease, then SIGCONT: the process's renewals wait meanwhile.
+            gate = self._gates.setdefault(process, ProcessGate())
+            gate.stop()
+            await self.sleep(seconds)
+            gate.cont()
 
     async def _finished(self, queue: str) -> bool:
         counts = (await self.queue.stats(queue)).counts
@@ -330,9 +380,10 @@ class Run:
         _process.set(process)
         _restart.set(restart)
         poll = self.lease_for / 8
+        mine, _ = self._clients(process)
         while True:
             try:
-                jobs = await self.queue.claim(queue, 1, lease_for=self.lease_for)
+                jobs = await mine.claim(queue, 1, lease_for=self.lease_for)
             except BackendUnavailable:
                 jobs = []
             if not jobs:
@@ -360,20 +411,20 @@ class Run:
         except Exception as exc:
             await self._fail(process, agent, exc, max_attempts, retry_in)
             return
-        await self._crash_point(f"{task}/complete/{attempt}")
+        await self._crash_point(process, f"{task}/complete/{attempt}")
         await self._complete(process, agent, result)
 
     async def _complete(self, process: str, agent: Agent, result: Any) -> None:
         op = self.history.invoke(process, "complete", task=agent.task, attempt=agent.attempt)
         for _ in range(5):
             try:
-                await self.queue.complete(agent.lease, result)
+                await agent.queue.complete(agent.lease, result)
             except BackendUnavailable:
                 await self.sleep(self.lease_for / 10)
                 continue
             except LeaseLost:
                 # A lost reply and the retry refused: the store says whether it was ours.
-                task = await self.queue.get(agent.lease.task_id)
+                task = await agent.queue.get(agent.lease.task_id)
                 if task.state == "done" and task.attempt == agent.attempt:
                     op.ok()
                 else:
@@ -391,7 +442,7 @@ class Run:
             process, "fail", task=agent.task, attempt=agent.attempt, error=type(exc).__name__
         )
         try:
-            await self.queue.fail(
+            await agent.queue.fail(
                 agent.lease,
                 exc,
                 retry_in=None if final else retry_in,
@@ -418,9 +469,14 @@ class Run:
 
     async def stop(self) -> None:
         """Stop every agent process (crashed ones included) and close the clients."""
+        for gate in self._gates.values():
+            gate.release()  # what still waits at a gate ends, so that the processes unwind
         for p in self._processes:
             p.cancel()
         await asyncio.gather(*self._processes, return_exceptions=True)
+        for queue, state in self._per_process.values():
+            await state.close()
+            await queue.close()
         await self.state.close()
         await self.queue.close()
 

@@ -189,7 +189,11 @@ def _load(spec: str) -> None:
 
 
 def _one(seed: int, store: str) -> bytes:
-    o = run_seed(_LOADED["scenario"], seed, store=store)
+    try:
+        o = run_seed(_LOADED["scenario"], seed, store=store)
+    except Exception as exc:  # the harness itself failed on this seed: report it with the seed
+        error = f"the run failed: {type(exc).__name__}: {exc}"
+        return orjson.dumps({"seed": seed, "checkers": [], "error": error, "fired": 0})
     return orjson.dumps(
         {
             "seed": seed,
