@@ -197,3 +197,64 @@ def test_store_faults(kind: str, applied: bool) -> None:
 
 def test_every_kind_is_named_once() -> None:
     assert len(set(KINDS)) == len(KINDS) == 10
+
+
+def test_a_killed_process_stops_renewing_its_locks_and_their_ttl_frees_them() -> None:
+    from agentlease import AsyncSharedState, LockTimeout
+    from agentlease.harness.faults import ProcessGate
+
+    async def main(clock: VirtualClock) -> tuple[bool, float]:
+        memory = ThreadedAsyncBackend(MemoryBackend(clock=clock.wall), inline=True)
+        faults = Faults(0, only=[])
+        gate = ProcessGate()
+        victim = AsyncSharedState(
+            FaultyBackend(memory, faults, asyncio.sleep, gate=gate, process="agent1")
+        )
+        other = AsyncSharedState(memory)
+        held = victim.locks(["account:A"], timeout=1, ttl=2)
+        await held.__aenter__()
+        await asyncio.sleep(10)  # alive: renewed all along
+        alive = False
+        try:
+            async with other.locks(["account:A"], timeout=0.5):
+                pass
+        except LockTimeout:
+            alive = True
+        gate.kill()
+        killed_at = clock.monotonic()
+        async with other.locks(["account:A"], timeout=5):
+            freed_after = clock.monotonic() - killed_at
+        gate.release()
+        return alive, freed_after
+
+    alive, freed_after = run_virtual(main, seed=0)
+    assert alive  # a living holder keeps its lock past the TTL
+    assert 0 < freed_after <= 2.5  # a killed one loses it within about the TTL
+
+
+def test_a_frozen_process_sends_nothing_until_it_resumes() -> None:
+    from agentlease.harness.faults import ProcessGate
+
+    async def main(clock: VirtualClock) -> list[float]:
+        memory = ThreadedAsyncBackend(MemoryBackend(clock=clock.wall), inline=True)
+        gate = ProcessGate()
+        backend: Any = FaultyBackend(
+            memory, Faults(0, only=[]), asyncio.sleep, gate=gate, process="agent1"
+        )
+        landed: list[float] = []
+
+        async def write() -> None:
+            await backend.add_counter("c", 1, None, None)
+            landed.append(clock.monotonic())
+
+        gate.stop()
+        pending = asyncio.ensure_future(write())
+        await asyncio.sleep(3)
+        before = await memory.get_counter("c")
+        gate.cont()
+        await pending
+        return [before, *landed]
+
+    before, landed_at = run_virtual(main, seed=0)
+    assert before == 0  # nothing reached the store while it was stopped
+    assert landed_at >= 3
