@@ -34,3 +34,4 @@ def test_readme_examples_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     assert lines[3] == "False True True 1"
     assert lines[4] == "approved -> review"
     assert lines[5] == "refused: at least one stays on call"
+    assert "created_once" in lines

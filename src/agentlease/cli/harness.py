@@ -29,12 +29,13 @@ FAILED_STATUS = 1  # a violation was found (2 is kept for refusals and bad input
 
 def _summary_table(s: Summary) -> Table:
     table = Table(title=f"{s.scenario} on {s.store}")
-    for column in ("seeds", "failed", "first failing seed", "checkers", "faults", "seeds/min"):
+    for column in ("seeds", "failed", "first fail", "checkers", "faults", "seeds/min"):
         justify: Literal["left", "right"] = "left" if column == "checkers" else "right"
         table.add_column(column, justify=justify, overflow="fold")
-    checkers = ", ".join(f"{name} x{n}" for name, n in sorted(s.checkers.items())) or "-"
+    lines = [f"{name} x{n}" for name, n in sorted(s.checkers.items())]
     if s.errors:
-        checkers += f" (system raised x{s.errors})"
+        lines.append(f"system raised x{s.errors}")
+    checkers = "\n".join(lines) or "-"
     table.add_row(
         str(s.seeds),
         str(len(s.failed)),

@@ -71,7 +71,7 @@ def load_scenario(spec: str) -> Scenario:
 def replay_command(scenario: Scenario, seed: int, store: str, faults: Sequence[str] | None) -> str:
     """The command that replays one run."""
     if scenario.trace is not None and scenario.spec is not None:
-        head = f"agentlease replay {scenario.trace} --system {scenario.spec}"
+        head = f"agentlease replay {_shown(scenario.trace)} --system {scenario.spec}"
     else:
         head = f"agentlease replay --system {scenario.spec or scenario.name}"
     parts = [head, f"--seed {seed}"]
@@ -80,6 +80,14 @@ def replay_command(scenario: Scenario, seed: int, store: str, faults: Sequence[s
     if faults is not None:
         parts.append(f"--faults {','.join(faults) or 'none'}")
     return " ".join(parts)
+
+
+def _shown(path: Path) -> str:
+    """A path as a command line shows it: relative to here when it is below here."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
 
 
 @dataclass
@@ -96,7 +104,13 @@ class Finding:
         replay = replay_command(scenario, o.seed, o.store, o.fired)
         if o.error is not None and not o.violations:
             return f"the system under test raised {o.error}\nreplay: {replay}"
-        return "\n\n".join(v.format(seed=o.seed, replay=replay) for v in o.violations)
+        found = "\n\n".join(v.format(seed=o.seed, replay=replay) for v in o.violations)
+        if not o.fired:
+            found = (
+                f"seed {o.seed} needs no injected fault: the interleaving it draws (think times, "
+                "latencies, who claims what) is enough\n\n" + found
+            )
+        return found
 
 
 @dataclass
