@@ -45,6 +45,7 @@ from typing import Any, Literal
 import orjson
 
 from agentlease.errors import InvalidInput
+from agentlease.harness._jsonl import dump_lines, load_lines
 
 __all__ = ["FORMAT", "VERSION", "Call", "History", "Op", "OpType", "ops_of"]
 
@@ -173,10 +174,7 @@ class History:
 
     def dumps(self) -> bytes:
         """The history as JSON lines: a header, then one op per line."""
-        header = {"format": FORMAT, "version": VERSION, **self.meta}
-        lines = [orjson.dumps(header)]
-        lines.extend(orjson.dumps(op.to_json()) for op in self.ops)
-        return b"\n".join(lines) + b"\n"
+        return dump_lines(FORMAT, VERSION, self.meta, (op.to_json() for op in self.ops))
 
     def dump(self, path: str | Path) -> None:
         """Write the history to a file."""
@@ -189,21 +187,8 @@ class History:
         Raises:
             InvalidInput: not a history of a version this library reads.
         """
-        lines = [line for line in data.splitlines() if line.strip()]
-        if not lines:
-            raise InvalidInput("an empty history file")
-        try:
-            header = orjson.loads(lines[0])
-            rows = [orjson.loads(line) for line in lines[1:]]
-        except orjson.JSONDecodeError as exc:
-            raise InvalidInput(f"a history line is not JSON: {exc}") from None
-        if not isinstance(header, dict) or header.get("format") != FORMAT:
-            raise InvalidInput(f"not an agentlease history (its first line names {FORMAT!r})")
-        if header.get("version") != VERSION:
-            raise InvalidInput(
-                f"history version {header.get('version')!r}; this library reads version {VERSION}"
-            )
-        history = cls(meta={k: v for k, v in header.items() if k not in ("format", "version")})
+        meta, rows = load_lines(data, format=FORMAT, version=VERSION, what="history")
+        history = cls(meta=meta)
         for i, row in enumerate(rows):
             if (
                 not isinstance(row, dict)

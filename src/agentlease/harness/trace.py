@@ -36,6 +36,7 @@ import orjson
 
 from agentlease._codec import JSON
 from agentlease.errors import InvalidInput, PlanDiverged
+from agentlease.harness._jsonl import dump_lines, load_lines
 
 __all__ = [
     "TRACE_FORMAT",
@@ -115,10 +116,7 @@ class Trace:
 
     def dumps(self) -> bytes:
         """The trace as JSON lines: a header, then one event per line."""
-        meta = {k: v for k, v in self.meta.items() if k not in ("format", "version")}
-        header = {"format": TRACE_FORMAT, "version": TRACE_VERSION, **meta}
-        lines = [orjson.dumps(header), *(orjson.dumps(asdict(e)) for e in self.events)]
-        return b"\n".join(lines) + b"\n"
+        return dump_lines(TRACE_FORMAT, TRACE_VERSION, self.meta, map(asdict, self.events))
 
     def dump(self, path: str | Path) -> None:
         """Write the trace to a file."""
@@ -131,22 +129,7 @@ class Trace:
         Raises:
             InvalidInput: not a trace, or a version this library does not read.
         """
-        lines = [line for line in data.splitlines() if line.strip()]
-        if not lines:
-            raise InvalidInput("an empty trace file")
-        try:
-            header = orjson.loads(lines[0])
-            rows = [orjson.loads(line) for line in lines[1:]]
-        except orjson.JSONDecodeError as exc:
-            raise InvalidInput(f"a trace line is not JSON: {exc}") from None
-        if not isinstance(header, dict) or header.get("format") != TRACE_FORMAT:
-            raise InvalidInput(f"not an agentlease trace (its first line names {TRACE_FORMAT!r})")
-        if header.get("version") != TRACE_VERSION:
-            raise InvalidInput(
-                f"trace version {header.get('version')!r}; this library reads version"
-                f" {TRACE_VERSION}"
-            )
-        meta = {k: v for k, v in header.items() if k not in ("format", "version")}
+        meta, rows = load_lines(data, format=TRACE_FORMAT, version=TRACE_VERSION, what="trace")
         return cls([_event(row, i + 2) for i, row in enumerate(rows)], meta=meta)
 
     @classmethod
