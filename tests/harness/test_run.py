@@ -26,10 +26,25 @@ def _ops(history: History) -> list[dict[str, object]]:
     return [op.to_json() for op in history.ops]
 
 
-@pytest.mark.parametrize("spec", [BROKEN, FIXED])
+SIX = ROOT / "examples" / "six_bugs"
+EVERY_EXAMPLE = [
+    f"{SIX / name}.py:{variant}"
+    for name in (
+        "lost_update",
+        "duplicate_side_effect",
+        "write_skew",
+        "deadlock",
+        "retry_storm",
+        "context_divergence",
+    )
+    for variant in ("BROKEN", "FIXED")
+]
+
+
+@pytest.mark.parametrize("spec", EVERY_EXAMPLE)
 def test_on_memory_a_seed_replays_the_same_interleaving_and_verdict(spec: str) -> None:
     scenario = load_scenario(spec)
-    for seed in range(12):
+    for seed in range(8):
         first, second = run_seed(scenario, seed), run_seed(scenario, seed)
         assert _ops(first.history) == _ops(second.history)
         assert first.fired == second.fired
