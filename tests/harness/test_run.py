@@ -117,6 +117,7 @@ def test_check_reads_a_history_from_elsewhere(tmp_path: Path) -> None:
     assert "not an agentlease history" in refused.output
 
 
+@pytest.mark.xdist_group("processes")
 def test_explore_summarises_many_seeds_in_processes() -> None:
     summary = explore(FIXED, range(40), processes=2)
     assert summary.seeds == 40
@@ -169,6 +170,7 @@ def test_the_pytest_plugin_imports_nothing_heavy() -> None:
     assert out.strip() == "[]"
 
 
+@pytest.mark.xdist_group("processes")
 def test_the_pytest_plugin_fails_a_test_with_the_minimal_witness(tmp_path: Path) -> None:
     (tmp_path / "test_agents.py").write_text(
         textwrap.dedent(
