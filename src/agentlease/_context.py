@@ -22,10 +22,10 @@ from __future__ import annotations
 import asyncio
 import random
 import threading
-import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from agentlease import _clock
 from agentlease._codec import JSON
 from agentlease._heartbeat import Held
 from agentlease._records import Job, Lease
@@ -44,7 +44,7 @@ class _Base:
     held: Held
     shutdown: threading.Event
     deadline_at: float | None = field(default=None, kw_only=True)
-    """The task's deadline on the monotonic clock (``time.monotonic()``), or ``None``."""
+    """The task's deadline on the monotonic clock (``_clock.monotonic()``), or ``None``."""
 
     @property
     def task_id(self) -> str:
@@ -80,7 +80,7 @@ class _Base:
     @property
     def expired(self) -> bool:
         """Whether the task's deadline has passed."""
-        return self.deadline_at is not None and time.monotonic() >= self.deadline_at
+        return self.deadline_at is not None and _clock.monotonic() >= self.deadline_at
 
     @property
     def cancelled(self) -> bool:
@@ -109,13 +109,13 @@ class _Base:
             raise Cancelled(self.task_id)
         at = self.deadline_at
         if at is not None:
-            now = time.monotonic()
+            now = _clock.monotonic()
             if now >= at:
                 raise DeadlineExceeded(f"task {self.task_id}", overdue_s=now - at)
 
     def _retry_in(self, delay: float, exc: BackendUnavailable) -> float:
         """How long to wait before writing progress again, or raise when the lease runs out."""
-        if time.monotonic() + delay >= self.held.deadline:
+        if _clock.monotonic() + delay >= self.held.deadline:
             self.check()  # lost already: LeaseLost
             raise exc
         return delay * random.uniform(0.5, 1.0)
@@ -126,7 +126,7 @@ class _Base:
         if self.held.lost.wait(0) or self.shutdown.wait(0) or self.expired:
             return True
         if self.deadline_at is not None:
-            seconds = min(seconds, max(0.0, self.deadline_at - time.monotonic()))
+            seconds = min(seconds, max(0.0, self.deadline_at - _clock.monotonic()))
         self.held.lost.wait(seconds)
         return self.cancelled
 

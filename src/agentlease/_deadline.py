@@ -28,11 +28,11 @@ from __future__ import annotations
 
 import asyncio
 import math
-import time
 from contextvars import ContextVar, Token
 from dataclasses import dataclass
 from types import TracebackType
 
+from agentlease import _clock
 from agentlease._validate import duration
 from agentlease.errors import DeadlineExceeded
 
@@ -71,7 +71,7 @@ _WORK: ContextVar[Propagated | None] = ContextVar("agentlease_work", default=Non
 
 
 def current_deadline() -> float | None:
-    """The deadline in force, on the monotonic clock (``time.monotonic()``), or ``None``."""
+    """The deadline in force, on the monotonic clock (``_clock.monotonic()``), or ``None``."""
     return _DEADLINE.get()
 
 
@@ -86,7 +86,7 @@ def remaining() -> float | None:
     at = _DEADLINE.get()
     if at is None:
         return None
-    return max(0.0, at - time.monotonic())
+    return max(0.0, at - _clock.monotonic())
 
 
 def call_timeout(default: float | None = None) -> float | None:
@@ -118,7 +118,7 @@ def check_deadline(what: str = "the work") -> None:
     """
     at = _DEADLINE.get()
     if at is not None:
-        now = time.monotonic()
+        now = _clock.monotonic()
         if now >= at:
             raise DeadlineExceeded(what, overdue_s=now - at)
 
@@ -166,7 +166,7 @@ class deadline:
     def _enter(self) -> None:
         if self._token is not None:
             raise RuntimeError("a deadline object can only be entered once at a time")
-        at = time.monotonic() + self.seconds
+        at = _clock.monotonic() + self.seconds
         outer = _DEADLINE.get()
         self.at = at if outer is None else min(at, outer)
         self._token = _DEADLINE.set(self.at)
@@ -179,7 +179,7 @@ class deadline:
     @property
     def expired(self) -> bool:
         """Whether the deadline has passed."""
-        return self.at is not None and time.monotonic() >= self.at
+        return self.at is not None and _clock.monotonic() >= self.at
 
     def __enter__(self) -> deadline:
         self._enter()
@@ -197,8 +197,8 @@ class deadline:
         self._enter()
         assert self.at is not None
         loop = asyncio.get_running_loop()
-        # asyncio.timeout_at takes the loop's clock, which is time.monotonic() by default.
-        self._timeout = asyncio.timeout_at(loop.time() + (self.at - time.monotonic()))
+        # asyncio.timeout_at takes the loop's clock, which is _clock.monotonic() by default.
+        self._timeout = asyncio.timeout_at(loop.time() + (self.at - _clock.monotonic()))
         await self._timeout.__aenter__()
         return self
 
@@ -214,8 +214,8 @@ class deadline:
         try:
             await timer.__aexit__(exc_type, exc, tb)
         except TimeoutError as timed_out:
-            at = self.at if self.at is not None else time.monotonic()
-            raise DeadlineExceeded(overdue_s=time.monotonic() - at) from timed_out
+            at = self.at if self.at is not None else _clock.monotonic()
+            raise DeadlineExceeded(overdue_s=_clock.monotonic() - at) from timed_out
 
 
 def store_time(at: float, store_offset: float) -> float:
@@ -228,4 +228,4 @@ def monotonic_time(store_at: float, store_now: float) -> float:
     now (for a claimed task: its lease's ``leased_at``)."""
     if not math.isfinite(store_at):
         raise ValueError("a deadline must be finite")
-    return time.monotonic() + (store_at - store_now)
+    return _clock.monotonic() + (store_at - store_now)

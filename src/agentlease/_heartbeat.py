@@ -24,10 +24,10 @@ from __future__ import annotations
 
 import random
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from agentlease import _clock
 from agentlease._events import EventDispatcher, Events
 from agentlease._records import Lease
 from agentlease.backends.base import Backend
@@ -118,10 +118,10 @@ class Heartbeat:
             daemon thread and ends with the process).
         """
         self._stop.set()
-        deadline = time.monotonic() + timeout
+        deadline = _clock.monotonic() + timeout
         for thread in (self._watching, self._beating):
             if thread.is_alive():
-                thread.join(max(0.0, deadline - time.monotonic()))
+                thread.join(max(0.0, deadline - _clock.monotonic()))
         return not self._beating.is_alive()
 
     def add(self, lease: Lease, on_lost: Callable[[str], None], sent_at: float) -> Held:
@@ -158,7 +158,7 @@ class Heartbeat:
             held = [h for h in self._held.values() if not h.lost.is_set()]
         if not held:
             return
-        sent_at = time.monotonic()
+        sent_at = _clock.monotonic()
         try:
             renewed = self._backend.extend([h.lease for h in held], self._lease_for)
         except AgentLeaseError:
@@ -191,7 +191,7 @@ class Heartbeat:
 
     def check_deadlines(self) -> None:
         """Lose every held lease whose local deadline has passed."""
-        now = time.monotonic()
+        now = _clock.monotonic()
         with self._lock:
             late = [h for h in self._held.values() if not h.lost.is_set() and now >= h.deadline]
         for h in late:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import logging
 import random
-import time
 
+from agentlease import _clock
 from agentlease._events import logger
 from agentlease.errors import BackendError, BackendUnavailable
 
@@ -26,7 +26,7 @@ class Outage:
 
     def failed(self, exc: BackendError) -> float:
         """Record one failed claim; returns how long claims have been failing."""
-        now = time.monotonic()
+        now = _clock.monotonic()
         if self.since is None:
             self.since = now
         self.failures += 1
@@ -52,7 +52,7 @@ class Outage:
         """A claim went through: the outage, if any, is over."""
         if self.since is not None:
             logger.warning(
-                "store reachable again at %s after %.1fs", self.url, time.monotonic() - self.since
+                "store reachable again at %s after %.1fs", self.url, _clock.monotonic() - self.since
             )
             self.since = None
             self.failures = 0

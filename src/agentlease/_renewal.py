@@ -31,6 +31,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from agentlease import _clock
 from agentlease.errors import BackendError, GuardError, IdempotencyError
 
 __all__ = ["MARGIN", "AsyncRenewals", "Renewals", "Renewing", "async_sleep", "sync_sleep"]
@@ -80,7 +81,7 @@ class _Base:
         self._lapsed = lapsed
 
     def _add(self, lease: object, length: float, sent: float | None) -> Renewing:
-        entry = Renewing(lease, length, time.monotonic() if sent is None else sent)
+        entry = Renewing(lease, length, _clock.monotonic() if sent is None else sent)
         with self._lock:
             self._open.add(entry)
         return entry
@@ -89,7 +90,7 @@ class _Base:
         """Raise the refusal that stopped ``entry``'s renewals, or the holder's error for a
         lease whose local deadline passed unrenewed (from then on, for good)."""
         with self._lock:
-            if entry.lost is None and time.monotonic() >= entry.deadline:
+            if entry.lost is None and _clock.monotonic() >= entry.deadline:
                 entry.lost = self._lapsed(entry.lease)
                 self._open.discard(entry)
             lost = entry.lost
@@ -102,14 +103,14 @@ class _Base:
         with self._lock:
             if entry.lost is not None:
                 return
-            if time.monotonic() >= entry.deadline:
+            if _clock.monotonic() >= entry.deadline:
                 entry.lost = self._lapsed(entry.lease)
                 self._open.discard(entry)
             else:
                 entry.renewed_at = sent
 
     def _due(self) -> list[Renewing]:
-        now = time.monotonic()
+        now = _clock.monotonic()
         with self._lock:
             for r in [r for r in self._open if r.lost is None and now >= r.deadline]:
                 r.lost = self._lapsed(r.lease)
@@ -120,7 +121,7 @@ class _Base:
         """Seconds until the next renewal may be due (half the shortest interval)."""
         with self._lock:
             tick = min((r.every for r in self._open), default=1.0) / 2
-            self._wakes_at = time.monotonic() + tick
+            self._wakes_at = _clock.monotonic() + tick
             return tick
 
     def _too_late(self, entry: Renewing) -> bool:
@@ -130,7 +131,7 @@ class _Base:
 
     def _closed(self, entry: Renewing) -> Any:
         with self._lock:
-            if entry.lost is None and time.monotonic() >= entry.deadline:
+            if entry.lost is None and _clock.monotonic() >= entry.deadline:
                 entry.lost = self._lapsed(entry.lease)
             self._open.discard(entry)
             lost = entry.lost
@@ -192,7 +193,7 @@ class AsyncRenewals(_Base):
                 await asyncio.wait_for(wake.wait(), self._tick())
             wake.clear()
             for entry in self._due():
-                sent = time.monotonic()
+                sent = _clock.monotonic()
                 try:
                     await self._renew(entry)
                     self._renewed(entry, sent)
@@ -229,7 +230,7 @@ class Renewals(_Base):
     def open(self, lease: object, length: float, *, sent: float | None = None) -> Renewing:
         """Start renewing ``lease``, which lasts ``length`` seconds from ``sent``; see
         :meth:`AsyncRenewals.open`."""
-        entry = Renewing(lease, length, time.monotonic() if sent is None else sent)
+        entry = Renewing(lease, length, _clock.monotonic() if sent is None else sent)
         with self._lock:
             self._open.add(entry)
             if self._thread is None:
@@ -252,7 +253,7 @@ class Renewals(_Base):
             if self._stopped.is_set():
                 return
             for entry in self._due():
-                sent = time.monotonic()
+                sent = _clock.monotonic()
                 try:
                     self._renew(entry)
                     self._renewed(entry, sent)

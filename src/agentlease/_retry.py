@@ -44,6 +44,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from types import TracebackType
 from typing import Any, ParamSpec, Protocol, TypeVar, overload
 
+from agentlease import _clock
 from agentlease._deadline import current_deadline
 from agentlease._policy.retry import full_jitter
 from agentlease._validate import duration, flag, integer
@@ -326,7 +327,7 @@ class _Attempts:
         delay = self._spec.backoff(self._number - 1)
         at = current_deadline()
         if at is not None:
-            left = at - time.monotonic()
+            left = at - _clock.monotonic()
             if left <= delay:
                 self._done = True
                 raise _past_deadline(
@@ -340,7 +341,7 @@ class _Attempts:
     def _check_deadline(self, failed: BaseException | None) -> None:
         at = current_deadline()
         if at is not None:
-            now = time.monotonic()
+            now = _clock.monotonic()
             if now >= at:
                 self._done = True
                 raise DeadlineExceeded(self._what, overdue_s=now - at) from failed

@@ -64,12 +64,12 @@ import inspect
 import random
 import signal
 import threading
-import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeAlias, cast
 
+from agentlease import _clock
 from agentlease import _validate as check
 from agentlease._async.queue import AsyncQueue
 from agentlease._codec import JSON
@@ -305,7 +305,7 @@ class AsyncWorker:
                 else:
                     await self._sleep(None)
                 continue
-            sent_at = time.monotonic()
+            sent_at = _clock.monotonic()
             try:
                 # Completions reach the store before the next claim (in the same call).
                 jobs = await self._flush_and_claim(want)
@@ -326,7 +326,7 @@ class AsyncWorker:
                 await self._idle(idle * self._rand.uniform(0.5, 1.0))
                 continue
             idle = 0.0
-            claimed_at = time.monotonic()
+            claimed_at = _clock.monotonic()
             for job in jobs:
                 entry = _Running(job)
                 entry.offset = job.lease.leased_at - claimed_at
@@ -372,11 +372,11 @@ class AsyncWorker:
             if entry.held.lost.is_set():  # lost while it waited: it never ran
                 self._finish(entry)
                 continue
-            if entry.at is not None and time.monotonic() >= entry.at:
+            if entry.at is not None and _clock.monotonic() >= entry.at:
                 self._expired(entry)  # its deadline passed while it waited: it never runs
                 continue
             self._active += 1
-            entry.started = time.monotonic()
+            entry.started = _clock.monotonic()
             assert self._start is not None
             self._start(entry)
 
@@ -407,7 +407,7 @@ class AsyncWorker:
     def _expired(self, entry: _Running) -> None:
         """Dead-letter a claimed task whose deadline passed before its handler started."""
         job = entry.job
-        overdue = 0.0 if entry.at is None else max(0.0, time.monotonic() - entry.at)
+        overdue = 0.0 if entry.at is None else max(0.0, _clock.monotonic() - entry.at)
         if job.deadline is not None:
             overdue = max(overdue, job.lease.leased_at - job.deadline)
         error = DeadlineExceeded(f"task {job.task_id}", overdue_s=overdue)
@@ -486,20 +486,20 @@ class AsyncWorker:
             if heartbeat is not None and entry.held is not None and not entry.held.lost.is_set():
                 await self._give_back(entry.job)
             self._finish(entry)
-        deadline = time.monotonic() + self.settings.shutdown_grace
+        deadline = _clock.monotonic() + self.settings.shutdown_grace
         while self._running:
             if self._done:
                 await self._flush()
                 continue
-            left = deadline - time.monotonic()
+            left = deadline - _clock.monotonic()
             if left <= 0 or self._forced.is_set() or self._active == 0:
                 break
             await self._sleep(left)
         self._forced.set()
         self._cancel_handlers()
         # Cancelled handlers unwind; those that never started give their tasks back.
-        unwind = time.monotonic() + _UNWIND
-        while (left := unwind - time.monotonic()) > 0:
+        unwind = _clock.monotonic() + _UNWIND
+        while (left := unwind - _clock.monotonic()) > 0:
             await asyncio.sleep(0)  # sync handlers cancelled before they started are collected
             tasks = [e.task for e in self._running.values() if e.task and not e.task.done()]
             if not tasks:
@@ -644,7 +644,7 @@ class AsyncWorker:
                 [held], functools.partial(queue.complete_encoded, [(held.lease, data)])
             )
             if accepted[0]:
-                self._emit("completed", lease, lease_age=time.monotonic() - held.ok_at)
+                self._emit("completed", lease, lease_age=_clock.monotonic() - held.ok_at)
         finally:
             self._finish(entry)
 
@@ -686,14 +686,14 @@ class AsyncWorker:
             return None, "deadline"
         retry_in = self.settings.retry.retry_in(entry.job.failures, error, self._rand)
         at = entry.at
-        if retry_in is not None and at is not None and time.monotonic() + retry_in >= at:
+        if retry_in is not None and at is not None and _clock.monotonic() + retry_in >= at:
             return None, "deadline"
         return retry_in, None
 
     def _ran(self, entry: _Running) -> None:
         """A handler returned or raised: its slot is free for the next claimed task."""
         self._active -= 1
-        took = time.monotonic() - entry.started
+        took = _clock.monotonic() - entry.started
         self._mean_run += (took - self._mean_run) * 0.2
         self._start_waiting()
         if self._wake is not None:
@@ -734,7 +734,7 @@ class AsyncWorker:
     ) -> None:
         for (entry, _), ok in zip(sending, accepted, strict=True):
             if ok and entry.held is not None:
-                lease_age = time.monotonic() - entry.held.ok_at
+                lease_age = _clock.monotonic() - entry.held.ok_at
                 self._emit("completed", entry.job.lease, lease_age=lease_age)
             self._finish(entry)
 
@@ -814,7 +814,7 @@ def _run_sync(handler: SyncHandler, ctx: JobContext) -> JSON:
     result = handler(ctx)
     at = ctx.deadline_at
     if at is not None:
-        now = time.monotonic()
+        now = _clock.monotonic()
         if now >= at:
             raise DeadlineExceeded(f"task {ctx.task_id}", overdue_s=now - at)
     return result
@@ -826,17 +826,17 @@ async def _run_until(at: float | None, work: Awaitable[JSON], task_id: str) -> J
     if at is None:
         return await work
     loop = asyncio.get_running_loop()
-    # The loop's clock is time.monotonic() by default; convert in case it is another.
-    timer = asyncio.timeout_at(loop.time() + (at - time.monotonic()))
+    # The loop's clock is _clock.monotonic() by default; convert in case it is another.
+    timer = asyncio.timeout_at(loop.time() + (at - _clock.monotonic()))
     try:
         async with timer:
             result = await work
     except TimeoutError as exc:
         if not timer.expired():
             raise  # the handler's own timeout, not the deadline
-        raise DeadlineExceeded(f"task {task_id}", overdue_s=time.monotonic() - at) from exc
+        raise DeadlineExceeded(f"task {task_id}", overdue_s=_clock.monotonic() - at) from exc
     if timer.expired():  # it swallowed the cancellation and returned: too late all the same
-        raise DeadlineExceeded(f"task {task_id}", overdue_s=time.monotonic() - at)
+        raise DeadlineExceeded(f"task {task_id}", overdue_s=_clock.monotonic() - at)
     return result
 
 

@@ -219,14 +219,16 @@ def test_the_same_key_with_other_arguments_is_a_conflict(keys: al.Idempotency) -
 
 
 def test_a_concurrent_caller_may_wait_for_the_original(store: Store) -> None:
-    keys = keys_with(store, hold_for=SHORT)
+    # A hold of a second, renewed every third of it: a renewal thread starved for a moment on a
+    # loaded machine must not lose the reservation (that is another test's subject).
+    keys = keys_with(store, hold_for=1.0)
     ledger: list[str] = []
     started = threading.Event()
 
     def slow() -> str:
         ledger.append("ran")
         started.set()
-        time.sleep(1.2)  # longer than hold_for: renewals keep the reservation
+        time.sleep(2.5)  # longer than hold_for: renewals keep the reservation
         return "original"
 
     results: dict[str, object] = {}

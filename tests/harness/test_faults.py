@@ -22,6 +22,9 @@ from agentlease.harness.faults import (
 )
 from agentlease.harness.history import History
 
+# One worker runs the harness's tests, one at a time (see test_six_bugs.py).
+pytestmark = pytest.mark.xdist_group("harness")
+
 SITES = [f"tool:charge:{k}" for k in ("delay", "duplicate", "drop_response")] + ["process:crash"]
 KEYS = [f"t{t}/s{s}/{a}" for t in range(5) for s in range(4) for a in (1, 2)]
 
@@ -108,7 +111,7 @@ def test_duplicate_runs_the_side_effect_twice() -> None:
         result = await runtime.call("charge", {}, task="t1", step="s1", attempt=1)
         return result, effects
 
-    assert run_virtual(main, seed=0) == ("ch2", ["s1", "s1"])
+    assert run_virtual(main) == ("ch2", ["s1", "s1"])
 
 
 def test_drop_response_runs_the_effect_and_the_caller_times_out() -> None:
@@ -119,7 +122,7 @@ def test_drop_response_runs_the_effect_and_the_caller_times_out() -> None:
         (ended,) = [op for op in history if op.f == "call" and op.type != "invoke"]
         return effects, ended.type, clock.monotonic()
 
-    effects, ended, took = run_virtual(main, seed=0)
+    effects, ended, took = run_virtual(main)
     assert (effects, ended) == (["s1"], "info")
     assert took >= 1.0  # the caller waited its whole timeout
 
@@ -133,7 +136,7 @@ def test_ack_lost_times_the_caller_out_first_and_lands_the_effect_late() -> None
         await runtime.settle()
         return before, effects
 
-    assert run_virtual(main, seed=0) == ([], ["s1"])
+    assert run_virtual(main) == ([], ["s1"])
 
 
 def test_delay_lets_another_call_overtake() -> None:
@@ -145,7 +148,7 @@ def test_delay_lets_another_call_overtake() -> None:
         )
         return [op.get("step") for op in history if op.f == "call" and op.type == "ok"]
 
-    assert run_virtual(main, seed=0) == ["s2", "s1"]
+    assert run_virtual(main) == ["s2", "s1"]
 
 
 def test_reorder_holds_a_response_until_a_later_one_is_delivered() -> None:
@@ -160,7 +163,7 @@ def test_reorder_holds_a_response_until_a_later_one_is_delivered() -> None:
         delivered = [op.get("step") for op in history if op.f == "call" and op.type == "ok"]
         return effects, delivered
 
-    assert run_virtual(main, seed=0) == (["s1", "s2"], ["s2", "s1"])
+    assert run_virtual(main) == (["s1", "s2"], ["s2", "s1"])
 
 
 def test_unknown_tool_is_refused() -> None:
@@ -169,7 +172,7 @@ def test_unknown_tool_is_refused() -> None:
         await runtime.call("refund", {}, task="t1", step="s1", attempt=1)
 
     with pytest.raises(InvalidInput, match="unknown tool"):
-        run_virtual(main, seed=0)
+        run_virtual(main)
 
 
 @pytest.mark.parametrize(
@@ -189,7 +192,7 @@ def test_store_faults(kind: str, applied: bool) -> None:
         await backend.add_counter("c", 1, None, None)  # the second visit is not faulted
         return raised, value == 1, clock.monotonic()
 
-    raised, landed, took = run_virtual(main, seed=0)
+    raised, landed, took = run_virtual(main)
     assert raised is (kind != "store_delay")
     assert landed is applied
     assert (took > 0) is (kind == "store_delay")
@@ -227,7 +230,7 @@ def test_a_killed_process_stops_renewing_its_locks_and_their_ttl_frees_them() ->
         gate.release()
         return alive, freed_after
 
-    alive, freed_after = run_virtual(main, seed=0)
+    alive, freed_after = run_virtual(main)
     assert alive  # a living holder keeps its lock past the TTL
     assert 0 < freed_after <= 2.5  # a killed one loses it within about the TTL
 
@@ -255,6 +258,6 @@ def test_a_frozen_process_sends_nothing_until_it_resumes() -> None:
         await pending
         return [before, *landed]
 
-    before, landed_at = run_virtual(main, seed=0)
+    before, landed_at = run_virtual(main)
     assert before == 0  # nothing reached the store while it was stopped
     assert landed_at >= 3

@@ -17,6 +17,9 @@ from agentlease.harness import History, load_scenario, run_seed, shrink
 from agentlease.harness.runner import explore, replay_command
 from tests.conftest import Store
 
+# One worker runs the harness's tests, one at a time (see test_six_bugs.py).
+pytestmark = pytest.mark.xdist_group("harness")
+
 ROOT = Path(__file__).resolve().parents[2]
 LOST = f"{ROOT}/examples/six_bugs/lost_update.py"
 BROKEN, FIXED = f"{LOST}:BROKEN", f"{LOST}:FIXED"
@@ -117,7 +120,6 @@ def test_check_reads_a_history_from_elsewhere(tmp_path: Path) -> None:
     assert "not an agentlease history" in refused.output
 
 
-@pytest.mark.xdist_group("processes")
 def test_explore_summarises_many_seeds_in_processes() -> None:
     summary = explore(FIXED, range(40), processes=2)
     assert summary.seeds == 40
@@ -170,7 +172,6 @@ def test_the_pytest_plugin_imports_nothing_heavy() -> None:
     assert out.strip() == "[]"
 
 
-@pytest.mark.xdist_group("processes")
 def test_the_pytest_plugin_fails_a_test_with_the_minimal_witness(tmp_path: Path) -> None:
     (tmp_path / "test_agents.py").write_text(
         textwrap.dedent(

@@ -1,7 +1,7 @@
 """The six bug classes: the harness catches every broken example and passes every fixed one.
 
 The fast profile (CI) catches each broken example within 50 seeds on memory, runs each fixed
-example over 60 seeds on memory and 3 on every store. ``AGENTLEASE_DEEP=1`` runs the fixed
+example over 30 seeds on memory and 3 on every store. ``AGENTLEASE_DEEP=1`` runs the fixed
 examples over 300 seeds on memory and 30 on every store.
 """
 
@@ -16,6 +16,10 @@ import pytest
 from agentlease.harness import CHECKERS, explore, load_scenario, run_seed
 from tests.conftest import Store
 
+# One worker runs the harness's tests, one at a time: they are CPU-bound in bursts, and the
+# lease-timed tests on the other workers need the cores.
+pytestmark = pytest.mark.xdist_group("harness")
+
 DEEP = os.environ.get("AGENTLEASE_DEEP") == "1"
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples" / "six_bugs"
@@ -29,7 +33,7 @@ CLASSES = {
     "context_divergence": {"facts_agree"},
 }
 CATCH_WITHIN = 50
-MEMORY_SEEDS = 300 if DEEP else 60
+MEMORY_SEEDS = 300 if DEEP else 30
 STORE_SEEDS = 30 if DEEP else 3
 
 
@@ -75,13 +79,12 @@ def test_disabling_a_checker_the_examples_need_lets_a_broken_example_through(
     checker: str,
 ) -> None:
     mutated = {k: v for k, v in CHECKERS.items() if k != checker}
-    escaped = []
     for name, checkers in CLASSES.items():
         if checker not in checkers:
             continue
         scenario = load_scenario(spec(name, "BROKEN"))
         blind = dataclasses.replace(scenario, checkers=mutated)
-        caught = [s for s in range(CATCH_WITHIN) if run_seed(blind, s).violations]
-        full = [s for s in range(CATCH_WITHIN) if run_seed(scenario, s).violations]
-        escaped.append(len(caught) < len(full))
-    assert any(escaped), f"with {checker} disabled every broken example is still caught"
+        for seed in range(CATCH_WITHIN):
+            if run_seed(scenario, seed).violations and not run_seed(blind, seed).violations:
+                return  # this seed's bug escapes the mutated suite
+    pytest.fail(f"with {checker} disabled every broken example is still caught")

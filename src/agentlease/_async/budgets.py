@@ -38,11 +38,10 @@ the store's clock.
 from __future__ import annotations
 
 import threading
-import time
 from contextvars import ContextVar
 from types import TracebackType
 
-from agentlease import _guards
+from agentlease import _clock, _guards
 from agentlease import _validate as check
 from agentlease._deadline import current_root
 from agentlease._records import BreakerState, BudgetState
@@ -229,7 +228,7 @@ class AsyncCircuitBreaker:
         self.tool = tool
         self._key = f"breaker:{self.dependency}"
         self._seen: BreakerState | None = None
-        self._seen_at = -float("inf")  # time.monotonic() when _seen was read
+        self._seen_at = -float("inf")  # _clock.monotonic() when _seen was read
 
     @property
     def seen(self) -> BreakerState | None:
@@ -264,7 +263,7 @@ class AsyncCircuitBreaker:
         """
         if self._trial():
             self._set_trial(0)
-        now = time.monotonic()
+        now = _clock.monotonic()
         seen = self._seen
         if seen is not None:
             age = now - self._seen_at
@@ -275,7 +274,7 @@ class AsyncCircuitBreaker:
             trusted = seen.retry_after if seen.state == "open" else self.staleness
             if seen.state != "closed" and age < min(trusted, seen.retry_after):
                 raise self._refusal(seen, seen.retry_after - age)
-        sent = time.monotonic()
+        sent = _clock.monotonic()
         state = await self.state.backend.breaker_admit(self._key, self.trial_for, self.ttl)
         self._see(state, sent)
         if state.trial:
@@ -293,7 +292,7 @@ class AsyncCircuitBreaker:
             return
         if fence:
             self._set_trial(0)
-        sent = time.monotonic()
+        sent = _clock.monotonic()
         state = await self.state.backend.breaker_record(
             self._key, fence, True, self.threshold, self.cooldown, self.ttl
         )
@@ -303,7 +302,7 @@ class AsyncCircuitBreaker:
         """Report that the admitted call failed in a way that counts against the dependency."""
         fence = self._trial()
         self._set_trial(0)
-        sent = time.monotonic()
+        sent = _clock.monotonic()
         state = await self.state.backend.breaker_record(
             self._key, fence, False, self.threshold, self.cooldown, self.ttl
         )

@@ -24,10 +24,10 @@ successful renewal was sent): past it, :meth:`AsyncCounterHold.check` and
 from __future__ import annotations
 
 import os
-import time
 from types import TracebackType
 from typing import TYPE_CHECKING, Literal
 
+from agentlease import _clock
 from agentlease import _validate as check
 from agentlease.errors import HoldLost, InvalidInput
 
@@ -64,7 +64,7 @@ class AsyncCounterHold:
         self.value: int | None = None
         self._state = state
         self._renewal: Renewing | None = None
-        self._deadline = 0.0  # time.monotonic() past which the hold counts as lost
+        self._deadline = 0.0  # _clock.monotonic() past which the hold counts as lost
         self._ended: Literal["committed", "released", "lost"] | None = None
 
     def _lost(self, detail: str) -> HoldLost:
@@ -73,7 +73,7 @@ class AsyncCounterHold:
 
     async def _renew(self) -> None:
         """Extend the hold in the store (the shared renewer calls this every third of the TTL)."""
-        sent = time.monotonic()
+        sent = _clock.monotonic()
         if not await self._state.backend.extend_hold(self.name, self.token, self.ttl):
             raise HoldLost(self.name, self.units, "a renewal found it run out or ended")
         self._deadline = sent + self.ttl
@@ -98,7 +98,7 @@ class AsyncCounterHold:
             raise self._renewal.lost
         if self._ended == "lost":
             raise HoldLost(self.name, self.units, "it ran out")
-        if self._ended is None and time.monotonic() >= self._deadline:
+        if self._ended is None and _clock.monotonic() >= self._deadline:
             raise HoldLost(self.name, self.units, "its TTL passed here without a renewal")
 
     async def commit(self, units: int | None = None) -> None:
@@ -125,7 +125,7 @@ class AsyncCounterHold:
         if lost is not None:
             raise lost
         backend = self._state.backend
-        if time.monotonic() >= self._deadline:
+        if _clock.monotonic() >= self._deadline:
             self._ended = "lost"
             await backend.release_hold(self.name, self.token)  # give the units back now
             raise HoldLost(self.name, self.units, "its TTL passed here without a renewal")
@@ -152,7 +152,7 @@ class AsyncCounterHold:
     async def __aenter__(self) -> AsyncCounterHold:
         if self.value is not None:
             raise InvalidInput(f"the hold on counter {self.name!r} was entered already")
-        sent = time.monotonic()
+        sent = _clock.monotonic()
         backend = self._state.backend
         self.value = await backend.hold_counter(
             self.name, self.token, self.units, self.limit, self.ttl

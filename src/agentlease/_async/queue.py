@@ -8,12 +8,12 @@ the backend performs each primitive as one atomic step on the store.
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from types import TracebackType
 
+from agentlease import _clock
 from agentlease import _validate as check
 from agentlease._codec import JSON, encode
 from agentlease._deadline import current_deadline, current_root
@@ -116,7 +116,7 @@ class AsyncQueue:
         work = current_root()
         root = None if work is None else work.root
         inherited = current_deadline()
-        start = time.monotonic()
+        start = _clock.monotonic()
         deadlines: list[float | None] = []
         for spec in specs:
             at = inherited
@@ -129,7 +129,7 @@ class AsyncQueue:
         offset = None if work is None else work.store_offset
         if offset is None and any(at is not None for at in deadlines):
             store_now = await self.backend.now()
-            offset = store_now - time.monotonic()
+            offset = store_now - _clock.monotonic()
         out: list[NewTask] = []
         for task, at in zip(tasks, deadlines, strict=True):
             store_at = None if at is None or offset is None else at + offset

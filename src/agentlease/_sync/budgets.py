@@ -40,11 +40,10 @@ the store's clock.
 from __future__ import annotations
 
 import threading
-import time
 from contextvars import ContextVar
 from types import TracebackType
 
-from agentlease import _guards
+from agentlease import _clock, _guards
 from agentlease import _validate as check
 from agentlease._deadline import current_root
 from agentlease._records import BreakerState, BudgetState
@@ -231,7 +230,7 @@ class CircuitBreaker:
         self.tool = tool
         self._key = f"breaker:{self.dependency}"
         self._seen: BreakerState | None = None
-        self._seen_at = -float("inf")  # time.monotonic() when _seen was read
+        self._seen_at = -float("inf")  # _clock.monotonic() when _seen was read
 
     @property
     def seen(self) -> BreakerState | None:
@@ -266,7 +265,7 @@ class CircuitBreaker:
         """
         if self._trial():
             self._set_trial(0)
-        now = time.monotonic()
+        now = _clock.monotonic()
         seen = self._seen
         if seen is not None:
             age = now - self._seen_at
@@ -277,7 +276,7 @@ class CircuitBreaker:
             trusted = seen.retry_after if seen.state == "open" else self.staleness
             if seen.state != "closed" and age < min(trusted, seen.retry_after):
                 raise self._refusal(seen, seen.retry_after - age)
-        sent = time.monotonic()
+        sent = _clock.monotonic()
         state = self.state.backend.breaker_admit(self._key, self.trial_for, self.ttl)
         self._see(state, sent)
         if state.trial:
@@ -295,7 +294,7 @@ class CircuitBreaker:
             return
         if fence:
             self._set_trial(0)
-        sent = time.monotonic()
+        sent = _clock.monotonic()
         state = self.state.backend.breaker_record(
             self._key, fence, True, self.threshold, self.cooldown, self.ttl
         )
@@ -305,7 +304,7 @@ class CircuitBreaker:
         """Report that the admitted call failed in a way that counts against the dependency."""
         fence = self._trial()
         self._set_trial(0)
-        sent = time.monotonic()
+        sent = _clock.monotonic()
         state = self.state.backend.breaker_record(
             self._key, fence, False, self.threshold, self.cooldown, self.ttl
         )

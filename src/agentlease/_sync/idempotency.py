@@ -41,12 +41,11 @@ import logging
 import os
 import random
 import socket
-import time
 from collections.abc import Callable
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, TypeVar
 
-from agentlease import _deadline, _scope
+from agentlease import _clock, _deadline, _scope
 from agentlease import _validate as check
 from agentlease._codec import JSON, encode
 from agentlease._outcomes import (
@@ -210,7 +209,7 @@ class Action:
                     return
                 raise
             except BackendUnavailable as exc:
-                left = self._deadline - time.monotonic()
+                left = self._deadline - _clock.monotonic()
                 if left <= 0:
                     raise _lapsed(hold) from exc
                 retried = True
@@ -349,7 +348,7 @@ class Idempotency:
     ) -> None:
         self.backend = backend
         self.settings = settings or IdempotencySettings()
-        self._purged_at = time.monotonic()
+        self._purged_at = _clock.monotonic()
         self._rand = random.Random()
         self._renewals = Renewals(self._renew, _lapsed)
 
@@ -476,11 +475,11 @@ class Idempotency:
         holder = self._holder(scope)
         if wait is None:
             wait = settings.hold_for + 1.0 if scope.attempt is not None else 0.0
-        give_up = _deadline.cap(time.monotonic() + check.non_negative(wait, "wait"))
+        give_up = _deadline.cap(_clock.monotonic() + check.non_negative(wait, "wait"))
         pause = 0.02
         while True:
             _deadline.check_deadline(f"the action {tool or key[:16]!r}")  # never start late
-            sent = time.monotonic()
+            sent = _clock.monotonic()
             got = self.backend.reserve_key(
                 key, fp, holder, settings.hold_for, settings.window
             )
@@ -514,7 +513,7 @@ class Idempotency:
                 logger.debug("idempotency key %s... replayed (%s)", key[:16], got.state)
                 return Action(self, key, fp, record=got)
             retry_after = max(0.0, (got.expires_at or got.now) - got.now)
-            left = give_up - time.monotonic()
+            left = give_up - _clock.monotonic()
             if left <= 0:
                 _deadline.check_deadline(f"the action {tool or key[:16]!r}")
                 raise DuplicateInFlight(key, retry_after, got.holder)
@@ -535,11 +534,11 @@ class Idempotency:
         """
         hold_for = self.settings.hold_for
         for attempt in range(4):
-            if time.monotonic() - sent <= hold_for / 3:
+            if _clock.monotonic() - sent <= hold_for / 3:
                 return hold, sent
             if attempt == 3:
                 break
-            sent = time.monotonic()
+            sent = _clock.monotonic()
             try:
                 hold = self.backend.extend_key(hold, hold_for)
             except ReservationLost:
@@ -552,9 +551,9 @@ class Idempotency:
         )
 
     def _maybe_purge(self) -> None:
-        if time.monotonic() - self._purged_at < self.settings.purge_every:
+        if _clock.monotonic() - self._purged_at < self.settings.purge_every:
             return
-        self._purged_at = time.monotonic()
+        self._purged_at = _clock.monotonic()
         try:
             self.backend.purge_keys(self.settings.purge_batch)
         except AgentLeaseError:

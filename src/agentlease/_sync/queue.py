@@ -10,12 +10,12 @@ the backend performs each primitive as one atomic step on the store.
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from types import TracebackType
 
+from agentlease import _clock
 from agentlease import _validate as check
 from agentlease._codec import JSON, encode
 from agentlease._deadline import current_deadline, current_root
@@ -118,7 +118,7 @@ class Queue:
         work = current_root()
         root = None if work is None else work.root
         inherited = current_deadline()
-        start = time.monotonic()
+        start = _clock.monotonic()
         deadlines: list[float | None] = []
         for spec in specs:
             at = inherited
@@ -131,7 +131,7 @@ class Queue:
         offset = None if work is None else work.store_offset
         if offset is None and any(at is not None for at in deadlines):
             store_now = self.backend.now()
-            offset = store_now - time.monotonic()
+            offset = store_now - _clock.monotonic()
         out: list[NewTask] = []
         for task, at in zip(tasks, deadlines, strict=True):
             store_at = None if at is None or offset is None else at + offset

@@ -37,11 +37,10 @@ import itertools
 import os
 import random
 import socket
-import time
 from collections.abc import Callable, Iterable
 from types import TracebackType
 
-from agentlease import _deadline, _guards
+from agentlease import _clock, _deadline, _guards
 from agentlease import _validate as check
 from agentlease._codec import DEFAULT_MAX_BYTES, JSON, encode
 from agentlease._policy.transitions import StateMachine
@@ -146,16 +145,16 @@ class LockSet:
     def _acquire(self) -> float:
         """Acquire the set; the ``time.monotonic`` at which the successful request was sent."""
         backend, timeout = self._state.backend, self._timeout
-        give_up = _deadline.cap(time.monotonic() + timeout)
+        give_up = _deadline.cap(_clock.monotonic() + timeout)
         pause = 0.01
         while True:
             _deadline.check_deadline(f"the lock set {list(self.names)!r}")
-            sent = time.monotonic()
+            sent = _clock.monotonic()
             got = backend.acquire_locks(self.names, self._owner, self._ttl)
             if not isinstance(got, LockBusy):
                 self.tokens = dict(zip(self.names, got, strict=True))
                 return sent
-            left = give_up - time.monotonic()
+            left = give_up - _clock.monotonic()
             if left <= 0:
                 _deadline.check_deadline(f"the lock set {list(self.names)!r}")
                 raise LockTimeout(self.names, timeout, got.name, got.holder)

@@ -2,24 +2,25 @@
 
 A run on ``memory://`` never waits on real I/O, so time can be simulated: an event loop whose
 selector, when every task is waiting on a timer, moves the clock to that timer at once instead of
-sleeping. ``time.monotonic`` (which asyncio, leases, locks and deadlines all read) and the store's
-clock are both this clock for the length of the run, and the process's ``random`` is seeded, so
-one seed replays one interleaving and one verdict, and a run that simulates minutes of leases and
-freezes takes milliseconds.
+sleeping. The loop's clock, the library's monotonic clock (:mod:`agentlease._clock`, a context
+variable set for the run's tasks: leases, locks, renewals, deadlines and breakers read it) and the
+store's clock are all this clock for the length of the run, so one seed replays one interleaving
+and one verdict, and a run that simulates minutes of leases and freezes takes milliseconds.
+Nothing global is patched: other threads of the process keep the real clock.
 
 A few lines of our own rather than a test-time plugin: the harness needs the clock as the memory
-store's clock too, and must restore ``time.monotonic`` when the run ends.
+store's clock too, and only for the run's own tasks.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import random
 import selectors
-import time
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
+
+from agentlease import _clock
 
 __all__ = ["EPOCH", "VirtualClock", "run_virtual"]
 
@@ -66,23 +67,12 @@ class _Selector(selectors.DefaultSelector):
         return []
 
 
-@contextlib.contextmanager
-def _patched(clock: VirtualClock, seed: int) -> Iterator[None]:
-    saved_monotonic, saved_random = time.monotonic, random.getstate()
-    time.monotonic = clock.monotonic
-    random.seed(seed)
-    try:
-        yield
-    finally:
-        time.monotonic = saved_monotonic
-        random.setstate(saved_random)
-
-
-def run_virtual(main: Callable[[VirtualClock], Coroutine[Any, Any, T]], *, seed: int) -> T:
-    """Run ``main(clock)`` to its end on a fresh loop in virtual time, seeded with ``seed``."""
+def run_virtual(main: Callable[[VirtualClock], Coroutine[Any, Any, T]]) -> T:
+    """Run ``main(clock)`` to its end on a fresh loop in virtual time."""
     clock = VirtualClock()
-    with _patched(clock, seed):
+    with _clock.using(clock.monotonic):
         loop = asyncio.SelectorEventLoop(_Selector(clock))
+        loop.time = clock.monotonic  # type: ignore[method-assign]
         try:
             return loop.run_until_complete(main(clock))
         finally:

@@ -570,7 +570,7 @@ def _run_seed(
                 scenario, seed, store, backend, only, clock.monotonic, lease_for or 2.0
             )
 
-        return run_virtual(virtual, seed=seed)
+        return run_virtual(virtual)
 
     async def real() -> Outcome:
         backend = connect_async(store)
