@@ -91,15 +91,8 @@ async def _reported(run: Run, branch: str) -> None:
 
 def _fact(run: Run, value: Any, branch: str, step: str, evidence: Any) -> None:
     """Record a value entering the order's shared context."""
-    run.history.world(
-        "fact",
-        scope=ORDER,
-        field="address",
-        value=value,
-        branch=branch,
-        step=step,
-        evidence=evidence,
-    )
+    fact = Fact(field="address", value=value, source=branch, step=step, evidence=evidence)
+    run.history.fact(fact, scope=ORDER)
 
 
 async def broken(run: Run) -> None:

@@ -466,3 +466,16 @@ def test_malformed_values_are_skipped_not_raised_on(value: dict[str, object]) ->
     odd = {**value, "value": object(), "resource": object(), "key": object(), "to": object()}
     for f in ("effect", "fact", "transition"):
         assert isinstance(check([Op(0, 0.0, "world", "ok", f, odd)] * 2), list)
+
+
+def test_typed_facts_recorded_into_a_history_are_what_facts_agree_reads() -> None:
+    from agentlease import Fact
+
+    h = new()
+    h.fact(Fact(field="address", value="1 Oak Lane", source="crm", step="s1"), scope="o7")
+    h.fact(Fact(field="address", value="9 Elm St", source="billing", step="s1"), scope="o7")
+    h.fact(Fact(field="address", value="9 Elm St", source="billing", step="s1"), scope="o8")
+    v = only(facts_agree(h.ops))
+    assert "crm" in v.message
+    assert "billing" in v.message
+    assert indices(v) == [0, 1]

@@ -29,6 +29,8 @@ histories recorded elsewhere as well (``History.load``):
                ``target``, ``seconds`` (crash, freeze)    ``locks_released``
 ============== ========================================== ===============================
 
+``History.fact`` records an :class:`agentlease.Fact` entering a shared context as a ``fact`` op.
+
 The harness records through this object only (an in-process list under a lock), never through
 event delivery that may drop under load, so the history is lossless.
 """
@@ -40,12 +42,15 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import orjson
 
 from agentlease.errors import InvalidInput
 from agentlease.harness._jsonl import dump_lines, load_lines
+
+if TYPE_CHECKING:
+    from agentlease._reconcile import Fact
 
 __all__ = ["FORMAT", "VERSION", "Call", "History", "Op", "OpType", "ops_of"]
 
@@ -167,6 +172,20 @@ class History:
     def world(self, f: str, **value: Any) -> Op:
         """Record what the simulated world really did (``ok`` by the ``world`` process)."""
         return self.record("world", "ok", f, **value)
+
+    def fact(self, fact: Fact, *, scope: str | None = None) -> Op:
+        """Record that a typed fact entered a shared context (an ok ``fact`` of the ``world``:
+        what the ``facts_agree`` checker reads). The branch is the fact's source."""
+        return self.world(
+            "fact",
+            scope=scope,
+            field=fact.field,
+            value=fact.value,
+            branch=fact.source,
+            step=fact.step,
+            evidence=fact.evidence,
+            version=fact.version,
+        )
 
     def fault(self, kind: str, site: str, key: str, **value: Any) -> Op:
         """Record an injected fault (``info`` by the ``nemesis`` process)."""
