@@ -76,8 +76,13 @@ class Events:
     def emit(
         self, name: EventName, queue: str, task_id: str, attempt: int, **fields: object
     ) -> None:
-        """Record one event."""
+        """Record one event.
+
+        A field ``exc_info`` (the exception a failed attempt raised) is not one of the event's
+        fields: the log record carries it, so the log shows its traceback.
+        """
         level = _LEVELS[name]
+        exc = fields.pop("exc_info", None)
         if self.callback is None and not logger.isEnabledFor(level):
             return
         event = Event(name, queue, task_id, attempt, fields)
@@ -89,6 +94,7 @@ class Events:
             task_id,
             attempt,
             fields or "",
+            exc_info=exc if isinstance(exc, BaseException) else None,
             extra={
                 "agentlease_event": name,
                 "queue": queue,

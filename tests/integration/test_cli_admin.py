@@ -513,3 +513,22 @@ def test_every_command_is_known_to_the_lazy_group() -> None:
     for name, command in cli.commands.items():
         assert command.callback is not None
         assert command.callback.__module__ == COMMANDS[name], name
+
+
+def test_enqueue_prints_the_ids_it_created(run, sqlite_url: str) -> None:
+    out = ok(run("enqueue", "jobs", "1", "2", "3")).stdout.splitlines()
+    assert out[0] == "enqueued 3 tasks to jobs:"
+    ids = out[1:]
+    assert len(ids) == 3
+    with al.Queue.connect(sqlite_url) as q:
+        assert sorted(t.id for t in q.dead("jobs")) == []
+        assert {q.get(i).payload for i in ids} == {1, 2, 3}
+    listed = json.loads(ok(run("enqueue", "jobs", "4", "--id", ids[0], "--json")).stdout)
+    assert listed == [{"id": ids[0], "created": False}]
+
+
+def test_an_error_with_brackets_is_printed_as_it_is(run) -> None:
+    # rich markup must not eat text such as pip install 'agentlease[redis]'
+    result = run("demo", "--backend", "foo://x[bold]y[/bold]", url=None)
+    assert result.exit_code == 2
+    assert "foo://x[bold]y[/bold]" in result.stderr + result.stdout

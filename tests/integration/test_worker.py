@@ -146,7 +146,9 @@ def test_raised_errors_retry_with_backoff_then_dead_letter() -> None:
     task = queue.get("flaky")
     assert calls == [1, 2, 3]
     assert (task.state, task.failures) == ("dead", 3)
-    assert task.error == {"type": "RuntimeError", "message": "boom 3"}
+    assert isinstance(task.error, dict)
+    assert (task.error["type"], task.error["message"]) == ("RuntimeError", "boom 3")
+    assert "raise RuntimeError" in task.error["traceback"]
     assert [t.id for t in queue.dead("q")] == ["flaky"]
 
 

@@ -10,6 +10,7 @@ the backend performs each primitive as one atomic step on the store.
 
 from __future__ import annotations
 
+import traceback
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
@@ -35,6 +36,10 @@ from agentlease._records import (
 from agentlease._settings import QueueSettings
 from agentlease.backends import Backend, connect
 from agentlease.errors import InvalidInput, LeaseLost, ToolUnavailable, UnknownTask
+
+# The stored error keeps this much of a message and of the end of a traceback (characters).
+MAX_MESSAGE = 4000
+MAX_TRACEBACK = 8000
 
 __all__ = ["Queue"]
 
@@ -363,10 +368,24 @@ class Queue:
             raise
         if task.state == "dead":
             self.events.emit(
-                "dead_lettered", lease.queue, lease.task_id, lease.attempt, error=task.error
+                "dead_lettered",
+                lease.queue,
+                lease.task_id,
+                lease.attempt,
+                error=_headline(described),
+                reason=described.get("reason"),
+                exc_info=error,
             )
         else:
-            self.events.emit("failed", lease.queue, lease.task_id, lease.attempt, retry_in=retry_in)
+            self.events.emit(
+                "failed",
+                lease.queue,
+                lease.task_id,
+                lease.attempt,
+                retry_in=retry_in,
+                error=_headline(described),
+                exc_info=error,
+            )
         return task
 
     def release(self, lease: Lease, *, front: bool = True) -> None:
@@ -461,10 +480,27 @@ def _pair(item: object) -> tuple[Lease, JSON]:
     return item[0], item[1]
 
 
+def _headline(described: dict[str, JSON]) -> str:
+    """``Type: message`` of a stored error, for a log line."""
+    return f"{described['type']}: {described['message']}"
+
+
+def _bounded(text: str, limit: int) -> str:
+    """``text``, or its last ``limit`` characters after a mark that some were cut."""
+    return text if len(text) <= limit else "...\n" + text[-limit:]
+
+
 def _describe(error: BaseException | str) -> dict[str, JSON]:
+    """The stored error: type, message and (for an exception) the end of its traceback."""
     if isinstance(error, str):
-        return {"type": "Error", "message": error}
-    described: dict[str, JSON] = {"type": type(error).__qualname__, "message": str(error)}
+        return {"type": "Error", "message": _bounded(error, MAX_MESSAGE)}
+    described: dict[str, JSON] = {
+        "type": type(error).__qualname__,
+        "message": _bounded(str(error), MAX_MESSAGE),
+    }
+    if error.__traceback__ is not None:
+        lines = traceback.format_exception(error)
+        described["traceback"] = _bounded("".join(lines), MAX_TRACEBACK)
     if isinstance(error, ToolUnavailable):
         described["reason"] = error.reason
     return described

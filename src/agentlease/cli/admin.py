@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 import click
 import orjson
 from rich import box
+from rich.markup import escape
 from rich.progress import Progress
 from rich.table import Table
 from rich.text import Text
@@ -132,6 +133,7 @@ def _payloads(arguments: Sequence[str], file: IO[str] | None) -> list[JSON]:
 @click.option(
     "--partition", help="The resource the tasks write to: they run one at a time, in order."
 )
+@click.option("--json", "as_json", is_flag=True, help="Print each task's id and if it was new.")
 @backend_option
 @reports_errors
 def enqueue(
@@ -143,6 +145,7 @@ def enqueue(
     task_id: str | None,
     dedup_key: str | None,
     partition: str | None,
+    as_json: bool,
     url: str,
 ) -> None:
     """Add tasks to QUEUE: one per PAYLOAD_JSON argument and per line of --file.
@@ -170,23 +173,34 @@ def enqueue(
             )
             for p in payloads
         ]
-        if len(specs) == 1:
+        if len(specs) == 1 and not as_json:
             (result,) = q.enqueue_many(queue, specs)
             if result.created:
-                console.print(f"enqueued task [bold]{result.task_id}[/] to [bold]{queue}[/]")
+                console.print(
+                    f"enqueued task [bold]{escape(result.task_id)}[/] to [bold]{escape(queue)}[/]"
+                )
             else:
-                console.print(f"task [bold]{result.task_id}[/] already exists: nothing created")
+                console.print(
+                    f"task [bold]{escape(result.task_id)}[/] already exists: nothing created"
+                )
             return
-        created = 0
+        results = []
         with Progress(console=err_console, transient=True) as progress:
             bar = progress.add_task(f"enqueue to {queue}", total=len(specs))
             for start in range(0, len(specs), CHUNK):
                 chunk = specs[start : start + CHUNK]
-                created += sum(r.created for r in q.enqueue_many(queue, chunk))
+                results.extend(q.enqueue_many(queue, chunk))
                 progress.advance(bar, len(chunk))
+    if as_json:
+        print_json([{"id": r.task_id, "created": r.created} for r in results])
+        return
+    created = sum(r.created for r in results)
     existed = len(specs) - created
     note = f" ({existed} already existed)" if existed else ""
-    console.print(f"enqueued {created} tasks to [bold]{queue}[/]{note}")
+    console.print(f"enqueued {created} tasks to [bold]{escape(queue)}[/]{note}:")
+    for r in results:  # the ids created, one per line
+        if r.created:
+            click.echo(r.task_id)
 
 
 # -- stats --------------------------------------------------------------------------------------
@@ -233,7 +247,7 @@ def stats(queues: tuple[str, ...], as_json: bool, url: str) -> None:
     for s in rows:
         if s.hot_partitions:
             hot = ", ".join(f"{p} ({n} parked)" for p, n in s.hot_partitions)
-            console.print(f"hot partitions of [bold]{s.queue}[/]: {hot}")
+            console.print(f"hot partitions of [bold]{escape(s.queue)}[/]: {escape(hot)}")
 
 
 # -- inspect ------------------------------------------------------------------------------------
@@ -253,7 +267,7 @@ def inspect(queue: str, limit: int, as_json: bool, url: str) -> None:
         print_json([asdict(info) for info in leases])
         return
     if not leases:
-        console.print(f"no live leases in [bold]{queue}[/]")
+        console.print(f"no live leases in [bold]{escape(queue)}[/]")
         return
     table = Table(title=f"live leases of {queue}", box=box.SIMPLE_HEAD)
     table.add_column("task id", style="bold", overflow="fold")
@@ -325,7 +339,7 @@ def dead(
             wanted = None if requeue_all else list(dict.fromkeys(task_ids))
             count = q.requeue_dead(queue, wanted, front=front)
             where = "front" if front else "back"
-            console.print(f"requeued {count} dead tasks of [bold]{queue}[/] to the {where}")
+            console.print(f"requeued {count} dead tasks of [bold]{escape(queue)}[/] to the {where}")
             if wanted is not None and count < len(wanted):
                 missing = len(wanted) - count
                 err_console.print(
@@ -339,7 +353,7 @@ def dead(
         print_json([_dead_json(t, now) for t in tasks])
         return
     if not tasks:
-        console.print(f"no dead letters in [bold]{queue}[/]")
+        console.print(f"no dead letters in [bold]{escape(queue)}[/]")
         return
     table = Table(title=f"dead letters of {queue}", box=box.SIMPLE_HEAD)
     table.add_column("task id", style="bold", overflow="fold")

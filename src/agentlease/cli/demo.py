@@ -11,6 +11,7 @@ import sys
 
 import click
 import orjson
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -51,7 +52,7 @@ def demo(
         )
         report = run_demo(config) if as_json else _run_live(config)
     except AgentLeaseError as exc:
-        err_console.print(f"[red]error:[/red] {exc}")
+        err_console.print(f"[red]error:[/red] {escape(str(exc))}")
         sys.exit(2)
     if as_json:
         click.echo(orjson.dumps(report.as_json()).decode())
@@ -77,7 +78,7 @@ def _run_live(config: DemoConfig) -> DemoReport:
         def progress(done: int, total: int, message: str) -> None:
             bar.update(task, completed=done, total=total)
             if message:
-                bar.console.print(f"  {message}")
+                bar.console.print(f"  {escape(message)}")
 
         return run_demo(config, progress)
 

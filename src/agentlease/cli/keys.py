@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import click
+from rich.markup import escape
 from rich.table import Table
 
 from agentlease._codec import JSON
@@ -51,7 +52,7 @@ def show(key: str, as_json: bool, url: str) -> None:
         if as_json:
             print_json(None)
         else:
-            console.print(f"no key [bold]{key}[/] (never used, or past its dedup window)")
+            console.print(f"no key [bold]{escape(key)}[/] (never used, or past its dedup window)")
         return
     info = _key_json(record)
     if as_json:
