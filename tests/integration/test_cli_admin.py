@@ -532,3 +532,32 @@ def test_an_error_with_brackets_is_printed_as_it_is(run) -> None:
     result = run("demo", "--backend", "foo://x[bold]y[/bold]", url=None)
     assert result.exit_code == 2
     assert "foo://x[bold]y[/bold]" in result.stderr + result.stdout
+
+
+def test_show_prints_everything_about_one_task(run, sqlite_url: str) -> None:
+    ok(run("enqueue", "jobs", '{"order": 7}', "--id", "o7"))
+    with al.Queue.connect(sqlite_url) as q:
+        (job,) = q.claim("jobs")
+        q.progress(job.lease, {"step": 2}, checkpoint={"done": ["a"]})
+
+        def charge() -> None:
+            raise ValueError("card declined")
+
+        try:
+            charge()
+        except ValueError as exc:
+            q.fail(job.lease, exc, retry_in=None)
+    shown = json.loads(ok(run("show", "o7", "--json")).stdout)
+    head = (shown["id"], shown["queue"], shown["state"], shown["attempt"])
+    assert head == ("o7", "jobs", "dead", 1)
+    assert shown["payload"] == {"order": 7}
+    assert shown["progress"] == {"step": 2}
+    assert shown["checkpoint"] == {"done": ["a"]}
+    assert shown["error"]["type"] == "ValueError"
+    assert "in charge" in shown["error"]["traceback"]
+    text = ok(run("show", "o7")).stdout
+    for part in ("dead", "ValueError: card declined", "traceback", "in charge", '"order": 7'):
+        assert part in text
+    missing = run("show", "nope")
+    assert missing.exit_code == 2
+    assert "no task with id 'nope'" in missing.stderr

@@ -367,14 +367,15 @@ class Queue:
             self._rejected(lease, "fail", exc)
             raise
         if task.state == "dead":
+            why = {"reason": described["reason"]} if "reason" in described else {}
             self.events.emit(
                 "dead_lettered",
                 lease.queue,
                 lease.task_id,
                 lease.attempt,
                 error=_headline(described),
-                reason=described.get("reason"),
                 exc_info=error,
+                **why,
             )
         else:
             self.events.emit(

@@ -1,4 +1,5 @@
-"""The command line: ``agentlease demo | worker | enqueue | stats | inspect | dead | keys | bench``.
+"""The command line: ``agentlease demo | worker | enqueue | stats | inspect | show | dead | keys |
+bench | migrate | rights | explore | replay | check``.
 
 Each command lives in its own module and registers itself on :data:`cli`; the group imports a
 command's module only when that command runs (see :mod:`agentlease.cli._app`).
