@@ -9,8 +9,13 @@ that point on this process's monotonic clock. Once it passes, ``cancelled`` is t
 raises :class:`~agentlease.errors.DeadlineExceeded` and ``wait()`` wakes; so does
 :func:`agentlease.check_deadline` inside the handler (the worker sets the deadline in the
 handler's context, copied into its thread). A deadline ends the whole tree of work: the worker
-dead-letters the task (reason ``deadline``), never retries it. It is not a per-attempt time
-limit, after which an attempt would fail and be retried.
+dead-letters the task (reason ``deadline``), never retries it.
+
+The time limit. An attempt may also have a time limit (the task's ``timeout``, or the worker's
+``task_timeout``): ``limit_at`` is when it ends on this process's monotonic clock. Past it,
+``cancelled`` is true and ``check()`` raises :class:`~agentlease.errors.TaskTimeout`: the attempt
+fails and the retry policy decides whether another runs. Unlike the deadline, it ends one
+attempt, not the tree.
 
 ``progress`` rides out a short store outage: a write that finds the store unavailable is retried
 with jittered backoff for as long as the lease is held (its local deadline), like the worker's
@@ -29,7 +34,13 @@ from agentlease import _clock
 from agentlease._codec import JSON
 from agentlease._heartbeat import Held
 from agentlease._records import Job, Lease
-from agentlease.errors import BackendUnavailable, Cancelled, DeadlineExceeded, LeaseLost
+from agentlease.errors import (
+    BackendUnavailable,
+    Cancelled,
+    DeadlineExceeded,
+    LeaseLost,
+    TaskTimeout,
+)
 
 if TYPE_CHECKING:
     from agentlease._async.queue import AsyncQueue
@@ -45,6 +56,10 @@ class _Base:
     shutdown: threading.Event
     deadline_at: float | None = field(default=None, kw_only=True)
     """The task's deadline on the monotonic clock (``_clock.monotonic()``), or ``None``."""
+    limit_at: float | None = field(default=None, kw_only=True)
+    """When this attempt's time limit ends on the monotonic clock, or ``None``."""
+    limit: float | None = field(default=None, kw_only=True)
+    """This attempt's time limit in seconds, or ``None``."""
 
     @property
     def task_id(self) -> str:
@@ -83,10 +98,15 @@ class _Base:
         return self.deadline_at is not None and _clock.monotonic() >= self.deadline_at
 
     @property
+    def timed_out(self) -> bool:
+        """Whether this attempt's time limit has passed."""
+        return self.limit_at is not None and _clock.monotonic() >= self.limit_at
+
+    @property
     def cancelled(self) -> bool:
-        """Whether the job should stop now (lease lost, shutdown past its grace period, or the
-        task's deadline passed)."""
-        return self.held.lost.is_set() or self.shutdown.is_set() or self.expired
+        """Whether the job should stop now (lease lost, shutdown past its grace period, the
+        task's deadline or the attempt's time limit passed)."""
+        return self.held.lost.is_set() or self.shutdown.is_set() or self.expired or self.timed_out
 
     def check(self) -> None:
         """Raise if the job should stop: call it between steps of long sync work.
@@ -95,6 +115,7 @@ class _Base:
             LeaseLost: the lease is gone; another worker may run this task now.
             Cancelled: the worker is shutting down past its grace period.
             DeadlineExceeded: the task's deadline passed (the task is dead-lettered).
+            TaskTimeout: the attempt's time limit passed (the attempt fails; it may be retried).
         """
         if self.held.lost.is_set():
             lease = self.job.lease
@@ -112,6 +133,8 @@ class _Base:
             now = _clock.monotonic()
             if now >= at:
                 raise DeadlineExceeded(f"task {self.task_id}", overdue_s=now - at)
+        if self.timed_out:
+            raise TaskTimeout(self.task_id, self.limit or 0.0)
 
     def _retry_in(self, delay: float, exc: BackendUnavailable) -> float:
         """How long to wait before writing progress again, or raise when the lease runs out."""
@@ -123,10 +146,11 @@ class _Base:
     def wait(self, seconds: float) -> bool:
         """Sleep up to ``seconds``, waking early if the job is cancelled (the deadline passing
         included); returns ``cancelled``."""
-        if self.held.lost.wait(0) or self.shutdown.wait(0) or self.expired:
+        if self.held.lost.wait(0) or self.shutdown.wait(0) or self.expired or self.timed_out:
             return True
-        if self.deadline_at is not None:
-            seconds = min(seconds, max(0.0, self.deadline_at - _clock.monotonic()))
+        for at in (self.deadline_at, self.limit_at):
+            if at is not None:
+                seconds = min(seconds, max(0.0, at - _clock.monotonic()))
         self.held.lost.wait(seconds)
         return self.cancelled
 

@@ -127,6 +127,11 @@ class Job:
         """The deadline of the task's tree, in seconds on the store's clock, or ``None``."""
         return _context_deadline(self.context_json)
 
+    @property
+    def timeout(self) -> float | None:
+        """The task's own time limit per attempt in seconds, or ``None`` (the worker's)."""
+        return _context_timeout(self.context_json)
+
 
 @dataclass(frozen=True, slots=True)
 class Task:
@@ -170,6 +175,11 @@ class Task:
         return _context_deadline(self.context_json)
 
     @property
+    def timeout(self) -> float | None:
+        """The task's own time limit per attempt in seconds, or ``None`` (the worker's)."""
+        return _context_timeout(self.context_json)
+
+    @property
     def result(self) -> JSON:
         """The accepted result, decoded (``None`` until done)."""
         return decode(self.result_json)
@@ -204,6 +214,8 @@ class TaskSpec:
             partition run one at a time, in enqueue order; different partitions in parallel.
         deadline: seconds from now by which the task's whole tree of work must end (the
             earlier of this and the deadline in force where it is enqueued wins).
+        timeout: the time limit of each attempt in seconds (default: the worker's
+            ``task_timeout``): past it the attempt fails with ``TaskTimeout`` and is retried.
     """
 
     payload: JSON = None
@@ -213,6 +225,7 @@ class TaskSpec:
     dedup_key: str | None = None
     partition: str | None = None
     deadline: float | None = None
+    timeout: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,17 +243,22 @@ class NewTask:
     context_json: bytes | None = None
 
 
-def encode_context(root: str | None, deadline: float | None) -> bytes | None:
+def encode_context(
+    root: str | None, deadline: float | None, timeout: float | None = None
+) -> bytes | None:
     """A task's context as the store keeps it (verbatim, beside the task): the JSON object
-    ``{"root": <root task id>, "deadline": <seconds on the store's clock>}``, each key only when
-    known; ``None`` when neither is (the task is its own root and has no deadline)."""
-    if root is None and deadline is None:
+    ``{"root": <root task id>, "deadline": <seconds on the store's clock>, "timeout": <seconds
+    an attempt may run>}``, each key only when known; ``None`` when none is (the task is its own
+    root, with no deadline and no time limit of its own)."""
+    if root is None and deadline is None and timeout is None:
         return None
     context: dict[str, str | float] = {}
     if root is not None:
         context["root"] = root
     if deadline is not None:
         context["deadline"] = float(deadline)
+    if timeout is not None:
+        context["timeout"] = float(timeout)
     return orjson.dumps(context)
 
 
@@ -259,11 +277,19 @@ def _context_root(data: bytes | None) -> str | None:
     return root if isinstance(root, str) and root else None
 
 
-def _context_deadline(data: bytes | None) -> float | None:
-    at = _context(data).get("deadline")
-    if isinstance(at, bool) or not isinstance(at, int | float):
+def _context_number(data: bytes | None, name: str) -> float | None:
+    value = _context(data).get(name)
+    if isinstance(value, bool) or not isinstance(value, int | float):
         return None
-    return float(at)
+    return float(value)
+
+
+def _context_deadline(data: bytes | None) -> float | None:
+    return _context_number(data, "deadline")
+
+
+def _context_timeout(data: bytes | None) -> float | None:
+    return _context_number(data, "timeout")
 
 
 @dataclass(frozen=True, slots=True)

@@ -103,6 +103,10 @@ class WorkerSettings:
             the lease and the queue's ``progress_timeout``). It must leave at least two beats
             in each of them, or the worker refuses to start with :class:`WorkerError`.
         seed: seeds the jitter of backoff and heartbeats (for reproducible runs).
+        task_timeout: the time limit of each attempt in seconds, for tasks enqueued without a
+            ``timeout`` of their own (``None``: no limit). Past it an async handler is
+            cancelled, a sync one sees ``ctx.cancelled`` (its result is not accepted), and the
+            attempt fails with :class:`~agentlease.errors.TaskTimeout`, retried per ``retry``.
     """
 
     concurrency: int = 1
@@ -113,9 +117,11 @@ class WorkerSettings:
     shutdown_grace: float = 30.0
     heartbeat_interval: float | None = None
     seed: int | None = None
+    task_timeout: float | None = None
 
     def __post_init__(self) -> None:
         integer(self.concurrency, "concurrency", low=1, high=10_000)
+        optional_duration(self.task_timeout, "task_timeout")
         if self.prefetch is not None:
             integer(self.prefetch, "prefetch", low=0, high=10_000)
         duration(self.poll_interval, "poll_interval")

@@ -34,8 +34,14 @@ enqueues inherit both. An async handler is cancelled at the deadline; a sync one
 raises :class:`~agentlease.errors.DeadlineExceeded` (or is cancelled at the deadline, or returns
 after it) is dead-lettered with reason ``deadline``, never retried under the RetryPolicy, and a
 retry whose delay would end past the deadline is dead-lettered at once. A deadline ends the whole
-tree of work; it is not a per-attempt time limit (after which an attempt would fail and be
-retried).
+tree of work; it is not a per-attempt time limit.
+
+Time limits. An attempt may run for at most the task's ``timeout`` (given at enqueue, kept in the
+task's context) or else the worker's ``task_timeout``. Past it an async handler is cancelled and a
+sync one sees ``ctx.cancelled`` / ``ctx.check()``; the attempt fails with
+:class:`~agentlease.errors.TaskTimeout`, retried or dead-lettered by the retry policy like any
+error. A sync handler that ignores its cancel token keeps its lease (the heartbeat goes on) until
+it returns, so a retry never runs beside it; what it returns then is not accepted.
 
 Shutdown (``stop()``, SIGTERM or SIGINT) stops claiming, lets running handlers finish within the
 grace period, then cancels what is left. Tasks claimed ahead that never started go back to
@@ -94,6 +100,7 @@ from agentlease.errors import (
     DeadlineExceeded,
     LeaseLost,
     PayloadError,
+    TaskTimeout,
 )
 
 __all__ = ["AsyncHandler", "AsyncWorker", "Handler", "SyncHandler", "Worker", "WorkerSettings"]
@@ -377,6 +384,9 @@ class AsyncWorker:
                 continue
             self._active += 1
             entry.started = _clock.monotonic()
+            limit = entry.job.timeout or self.settings.task_timeout
+            if limit is not None:
+                entry.limit, entry.limit_at = limit, entry.started + limit
             assert self._start is not None
             self._start(entry)
 
@@ -398,7 +408,15 @@ class AsyncWorker:
         context = contextvars.copy_context()
         context.run(enter_task, job.task_id, job.lease.attempt)
         context.run(enter_work, job.root_id, entry.offset, entry.at)
-        ctx = JobContext(job, held, self._forced, handler_queue, deadline_at=entry.at)
+        ctx = JobContext(
+            job,
+            held,
+            self._forced,
+            handler_queue,
+            deadline_at=entry.at,
+            limit_at=entry.limit_at,
+            limit=entry.limit,
+        )
         entry.future = threads.submit(
             functools.partial(context.run, _run_sync, self._sync_handler, ctx),
             functools.partial(self._returned_on_thread, entry),
@@ -569,11 +587,19 @@ class AsyncWorker:
         # job's).
         enter_task(job.task_id, job.lease.attempt)
         enter_work(job.root_id, entry.offset, entry.at)
-        ctx = AsyncJobContext(job, held, self._forced, self.queue, deadline_at=entry.at)
+        ctx = AsyncJobContext(
+            job,
+            held,
+            self._forced,
+            self.queue,
+            deadline_at=entry.at,
+            limit_at=entry.limit_at,
+            limit=entry.limit,
+        )
         result: JSON = None
         error: BaseException | None = None
         try:
-            result = await _run_until(entry.at, handler(ctx), job.task_id)
+            result = await _run_until(entry.at, handler(ctx), job.task_id, entry.limit)
         except (asyncio.CancelledError, Exception) as exc:
             error = exc
         finally:
@@ -801,6 +827,8 @@ class _Running:
     began: bool = False  # its async task took its first step
     offset: float | None = None  # the store's clock minus the monotonic clock, at the claim
     at: float | None = None  # the task's deadline on the monotonic clock
+    limit: float | None = None  # the attempt's time limit in seconds
+    limit_at: float | None = None  # when it ends on the monotonic clock
 
     @property
     def key(self) -> LeaseKey:
@@ -810,34 +838,51 @@ class _Running:
 def _run_sync(handler: SyncHandler, ctx: JobContext) -> JSON:
     """Run a sync handler (on its thread, in the job's context): a result returned after the
     task's deadline is not accepted (the deadline ended the tree; an async handler would have
-    been cancelled)."""
+    been cancelled), nor one returned after the attempt's time limit (the attempt failed)."""
     result = handler(ctx)
     at = ctx.deadline_at
-    if at is not None:
-        now = _clock.monotonic()
-        if now >= at:
-            raise DeadlineExceeded(f"task {ctx.task_id}", overdue_s=now - at)
+    now = _clock.monotonic()
+    if at is not None and now >= at:
+        raise DeadlineExceeded(f"task {ctx.task_id}", overdue_s=now - at)
+    if ctx.limit_at is not None and now >= ctx.limit_at:
+        raise TaskTimeout(ctx.task_id, ctx.limit or 0.0)
     return result
 
 
-async def _run_until(at: float | None, work: Awaitable[JSON], task_id: str) -> JSON:
-    """Await an async handler, cancelled at the task's deadline ``at`` (monotonic), if any:
-    then :class:`~agentlease.errors.DeadlineExceeded` is raised in its place."""
-    if at is None:
+async def _run_until(
+    at: float | None, work: Awaitable[JSON], task_id: str, limit: float | None = None
+) -> JSON:
+    """Await an async handler, cancelled at the task's deadline ``at`` (monotonic) or at the end
+    of the attempt's time limit of ``limit`` seconds, whichever comes first: then
+    :class:`~agentlease.errors.DeadlineExceeded` or :class:`~agentlease.errors.TaskTimeout` is
+    raised in its place."""
+    start = _clock.monotonic()
+    limit_at = None if limit is None else start + limit
+    ends = [t for t in (at, limit_at) if t is not None]
+    if not ends:
         return await work
+    stop = min(ends)
     loop = asyncio.get_running_loop()
     # The loop's clock is _clock.monotonic() by default; convert in case it is another.
-    timer = asyncio.timeout_at(loop.time() + (at - _clock.monotonic()))
+    timer = asyncio.timeout_at(loop.time() + (stop - start))
     try:
         async with timer:
             result = await work
     except TimeoutError as exc:
         if not timer.expired():
-            raise  # the handler's own timeout, not the deadline
-        raise DeadlineExceeded(f"task {task_id}", overdue_s=_clock.monotonic() - at) from exc
+            raise  # the handler's own timeout, not the deadline or the limit
+        raise _ended(at, limit, task_id) from exc
     if timer.expired():  # it swallowed the cancellation and returned: too late all the same
-        raise DeadlineExceeded(f"task {task_id}", overdue_s=_clock.monotonic() - at)
+        raise _ended(at, limit, task_id)
     return result
+
+
+def _ended(at: float | None, limit: float | None, task_id: str) -> Exception:
+    """Why an async handler was stopped: the deadline if it has passed, else the time limit."""
+    now = _clock.monotonic()
+    if at is not None and now >= at:
+        return DeadlineExceeded(f"task {task_id}", overdue_s=now - at)
+    return TaskTimeout(task_id, limit or 0.0)
 
 
 class Worker:

@@ -47,6 +47,7 @@ Every refusal is one of these classes, so callers can catch exactly what they me
     │   └── BudgetExceeded                      a spend reservation would cross its limit
     ├── PlanDiverged                            a replay asked for a model response the trace lacks
     ├── Cancelled                               the worker stopped the job (shutdown past grace)
+    ├── TaskTimeout (also TimeoutError)         an attempt ran past the task's time limit (retried)
     └── WorkerError                             the worker cannot run as configured
 
 Fault injection raises these same classes, so code that handles real faults handles injected ones.
@@ -102,6 +103,7 @@ __all__ = [
     "SchemaNotMigrated",
     "SchemaTooNew",
     "TLSRefused",
+    "TaskTimeout",
     "ToolUnavailable",
     "TransitionRefused",
     "UnknownQueue",
@@ -693,6 +695,16 @@ class Cancelled(AgentLeaseError):
     def __init__(self, task_id: str) -> None:
         super().__init__(f"job for task {task_id!r} was cancelled by the worker's shutdown")
         self.task_id = task_id
+
+
+class TaskTimeout(AgentLeaseError, TimeoutError):
+    """An attempt ran past the task's time limit: it was cancelled (a sync handler was asked to
+    stop) and the attempt failed; the retry policy decides whether it runs again."""
+
+    def __init__(self, task_id: str, limit_s: float) -> None:
+        super().__init__(f"task {task_id!r} ran past its time limit of {limit_s:g} s")
+        self.task_id = task_id
+        self.limit_s = limit_s
 
 
 class WorkerError(AgentLeaseError):

@@ -110,3 +110,19 @@ def test_a_task_enqueued_with_a_deadline_carries_it_on_the_store_clock(store: St
     assert before + 30.0 - 1.0 <= m.deadline <= after + 30.0
     assert (d.root_id, m.root_id) == ("d", "m")  # enqueued outside a handler: their own roots
     assert q.get("none").context_json is None
+
+
+def test_a_task_enqueued_with_a_time_limit_carries_it(store: Store) -> None:
+    q = store.queue()
+    q.enqueue(Q, {"n": 1}, id="limited", timeout=7.5)
+    (created,) = q.enqueue_many(Q, [TaskSpec(payload=2, id="spec", timeout=2)])
+    assert created.created
+    q.enqueue(Q, 3, id="plain")
+    assert q.get("limited").timeout == 7.5
+    assert q.get("spec").timeout == 2.0
+    assert q.get("plain").timeout is None
+    assert q.get("plain").context_json is None  # nothing stored for a task without one
+    jobs = {j.task_id: j for j in q.claim(Q, 3, lease_for=LIVE)}
+    assert jobs["limited"].timeout == 7.5
+    assert jobs["limited"].root_id == "limited"  # still its own root
+    assert jobs["plain"].timeout is None

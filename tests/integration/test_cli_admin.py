@@ -288,6 +288,11 @@ def handlers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
                 time.sleep(1.0)
                 return "slept"
 
+            async def aslow(ctx):
+                import asyncio
+                await asyncio.sleep(5.0)
+                return "slept"
+
             class Tools:
                 @staticmethod
                 def triple(ctx):
@@ -356,6 +361,26 @@ def test_worker_logs_handler_records_and_with_verbose_every_claim(
     loud = ok(run("worker", f"{handlers}:logged", "--queue", "jobs", "--burst", "-v"))
     assert "claimed jobs/t1" in loud.stderr
     assert "completed jobs/t1" in loud.stderr
+
+
+def test_worker_task_timeout_and_lease_options(run, sqlite_url: str, handlers: str) -> None:
+    _enqueue_numbers(sqlite_url, 1)
+    ok(run("enqueue", "jobs", '{"n": 9}', "--id", "own", "--timeout", "4"))
+    argv = ["worker", f"{handlers}:aslow", "--queue", "jobs", "--burst", "--max-failures", "1"]
+    argv += ["--task-timeout", "0.2", "--max-lease", "60", "--progress-timeout", "30"]
+    ok(run(*argv))
+    with al.Queue.connect(sqlite_url) as q:
+        t0 = q.get("t0")
+        assert t0.state == "dead"
+        assert isinstance(t0.error, dict)
+        assert t0.error["type"] == "TaskTimeout"
+        own = q.get("own")
+        assert own.timeout == 4.0
+        assert own.state == "dead"  # its own 4 s limit, not the worker's 0.2 s: then it failed
+        assert isinstance(own.error, dict)
+        assert "time limit of 4 s" in own.error["message"]
+    refused = run("worker", f"{handlers}:aslow", "--queue", "jobs", "--task-timeout", "-1")
+    assert refused.exit_code == 2
 
 
 def test_worker_dead_letters_after_max_failures(run, sqlite_url: str, handlers: str) -> None:

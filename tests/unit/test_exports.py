@@ -69,6 +69,7 @@ PUBLIC = {
     "SchemaTooNew",
     "TLSRefused",
     "Cancelled",
+    "TaskTimeout",
     "AsyncFactBoard",
     "FactBoard",
     "Fact",

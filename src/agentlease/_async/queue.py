@@ -123,22 +123,26 @@ class AsyncQueue:
         inherited = current_deadline()
         start = _clock.monotonic()
         deadlines: list[float | None] = []
+        timeouts: list[float | None] = []
         for spec in specs:
             at = inherited
             if spec.deadline is not None:
                 own = start + check.duration(spec.deadline, "deadline")
                 at = own if at is None else min(at, own)
             deadlines.append(at)
-        if root is None and all(at is None for at in deadlines):
+            timeouts.append(
+                None if spec.timeout is None else check.duration(spec.timeout, "timeout")
+            )
+        if root is None and all(at is None for at in deadlines) and not any(timeouts):
             return tasks
         offset = None if work is None else work.store_offset
         if offset is None and any(at is not None for at in deadlines):
             store_now = await self.backend.now()
             offset = store_now - _clock.monotonic()
         out: list[NewTask] = []
-        for task, at in zip(tasks, deadlines, strict=True):
+        for task, at, timeout in zip(tasks, deadlines, timeouts, strict=True):
             store_at = None if at is None or offset is None else at + offset
-            out.append(replace(task, context_json=encode_context(root, store_at)))
+            out.append(replace(task, context_json=encode_context(root, store_at, timeout)))
         return out
 
     async def enqueue(
@@ -152,6 +156,7 @@ class AsyncQueue:
         dedup_key: str | None = None,
         partition: str | None = None,
         deadline: float | None = None,
+        timeout: float | None = None,
     ) -> Enqueued:
         """Add one task.
 
@@ -176,6 +181,9 @@ class AsyncQueue:
             deadline: seconds from now by which the task's whole tree of work must end (the
                 earlier of this and the deadline in force wins). A deadline ends the tree: a
                 task past it is dead-lettered, not retried.
+            timeout: the time limit of each attempt in seconds (default: the worker's
+                ``task_timeout``): past it the handler is cancelled and the attempt fails with
+                :class:`~agentlease.errors.TaskTimeout`, retried per the retry policy.
 
         Returns:
             The task's id, and whether it was created (``False``: it existed already).
@@ -193,6 +201,7 @@ class AsyncQueue:
             dedup_key=dedup_key,
             partition=partition,
             deadline=deadline,
+            timeout=timeout,
         )
         task = self._new_task(check.queue_name(queue), spec)
         (result,) = await self.backend.enqueue(await self._with_context([task], [spec]))

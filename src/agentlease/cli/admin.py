@@ -130,6 +130,7 @@ def _payloads(arguments: Sequence[str], file: IO[str] | None) -> list[JSON]:
 @click.option("--delay", type=float, default=0.0, help="Seconds before the tasks may run.")
 @click.option("--id", "task_id", help="The task's id (one task only); an existing id is kept.")
 @click.option("--dedup-key", help="A key unique within the queue (one task only).")
+@click.option("--timeout", type=float, default=None, help="Seconds each attempt may run.")
 @click.option(
     "--partition", help="The resource the tasks write to: they run one at a time, in order."
 )
@@ -145,6 +146,7 @@ def enqueue(
     task_id: str | None,
     dedup_key: str | None,
     partition: str | None,
+    timeout: float | None,
     as_json: bool,
     url: str,
 ) -> None:
@@ -170,6 +172,7 @@ def enqueue(
                 delay=delay,
                 dedup_key=dedup_key,
                 partition=partition,
+                timeout=timeout,
             )
             for p in payloads
         ]

@@ -134,6 +134,25 @@ def _connect_patiently(url: str, *, give_up_after: float | None) -> Backend:
 @click.option(
     "--grace", type=float, default=30.0, show_default=True, help="Shutdown grace seconds."
 )
+@click.option(
+    "--task-timeout",
+    type=float,
+    default=None,
+    help="Seconds an attempt may run (tasks without a timeout of their own); then it fails.",
+)
+@click.option(
+    "--max-lease",
+    type=float,
+    default=3600.0,
+    show_default=True,
+    help="The longest a lease may be held in all, however often it is extended.",
+)
+@click.option(
+    "--progress-timeout",
+    type=float,
+    default=None,
+    help="Seconds without progress after which a lease is no longer extended (default: none).",
+)
 @click.option("--verbose", "-v", is_flag=True, help="Also log every claim and completion.")
 @reports_errors
 def worker(
@@ -148,6 +167,9 @@ def worker(
     burst: bool,
     poll_interval: float,
     grace: float,
+    task_timeout: float | None,
+    max_lease: float,
+    progress_timeout: float | None,
     verbose: bool,
 ) -> None:
     """Run MODULE:FUNCTION on the tasks of --queue until SIGTERM or SIGINT (or, with --burst,
@@ -159,6 +181,10 @@ def worker(
     Unfinished tasks go back to the front when their handler can run no more (never started,
     returned, or async and cancelled); a sync handler still running keeps its lease, which
     expires and is reaped as after a crash.
+
+    --task-timeout limits each attempt (a task's own timeout, given at enqueue, comes first);
+    --max-lease caps a lease however often it is extended; --progress-timeout stops extending a
+    lease whose handler reports no progress for that long, so a stuck one is reaped.
 
     An unreachable store is logged and retried with backoff; a store that refuses the worker
     for good (authentication, permission, TLS, a missing or newer schema) ends it with status 2,
@@ -172,10 +198,14 @@ def worker(
         retry=RetryPolicy(max_failures=max_failures),
         poll_interval=poll_interval,
         shutdown_grace=grace,
+        task_timeout=task_timeout,
+    )
+    queue_settings = QueueSettings(
+        lease_for=lease_for, max_lease=max_lease, progress_timeout=progress_timeout
     )
     with _logging(verbose):
         backend = _connect_patiently(url, give_up_after=lease_for if burst else None)
-    queue = Queue(backend, settings=QueueSettings(lease_for=lease_for))
+    queue = Queue(backend, settings=queue_settings)
     try:
         runner = Worker(queue, queue_name, handler, settings=settings)
         with _logging(verbose):
