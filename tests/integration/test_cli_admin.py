@@ -586,3 +586,21 @@ def test_show_prints_everything_about_one_task(run, sqlite_url: str) -> None:
     missing = run("show", "nope")
     assert missing.exit_code == 2
     assert "no task with id 'nope'" in missing.stderr
+
+
+def test_stats_fits_80_columns_without_dropping_a_column(run, sqlite_url: str) -> None:
+    long = "customer-notifications-high-priority"
+    with al.Queue.connect(sqlite_url) as q:
+        q.enqueue_many("jobs", [1, 2])
+        q.enqueue_many(long, [al.TaskSpec(payload=i, partition="acct-1") for i in range(3)])
+    out = ok(run("stats")).stdout  # not a terminal: 80 columns
+    assert all(len(line) <= 80 for line in out.splitlines())
+    assert long in out.replace("\n", "")
+    for part in ("parked 2", "oldest", "jobs"):
+        assert part in out
+    with al.Queue.connect(sqlite_url) as q:
+        q.enqueue("x", 1)
+    narrow = ok(run("stats", "jobs", "x")).stdout  # no parked column: the table fits
+    assert "queue" in narrow
+    assert "oldest" in narrow
+    assert all(len(line) <= 80 for line in narrow.splitlines())

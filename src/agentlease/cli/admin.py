@@ -209,6 +209,9 @@ def enqueue(
 # -- stats --------------------------------------------------------------------------------------
 
 
+_QUEUE_MIN = 10  # the narrowest the queue column of the stats table may fold to
+
+
 def _stats_json(s: QueueStats) -> dict[str, JSON]:
     return {
         "queue": s.queue,
@@ -235,18 +238,35 @@ def stats(queues: tuple[str, ...], as_json: bool, url: str) -> None:
     if not rows:
         console.print("no queues yet")
         return
-    table = Table(title="queues", box=box.SIMPLE_HEAD)
-    table.add_column("queue", style="bold", overflow="fold")
+    # Compact enough for 80 columns: no edge padding, and "delayed" for the scheduled state.
+    table = Table(title="queues", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1))
+    table.add_column("queue", style="bold", overflow="fold", min_width=_QUEUE_MIN)
     # Parked tasks exist only with partitions: the column appears when there are some.
     shown = [st for st in STATES if st != "parked" or any(s.counts.get(st) for s in rows)]
-    for state in shown:
-        table.add_column(state, justify="right", no_wrap=True)
-    table.add_column("depth", justify="right", style="cyan", no_wrap=True)
-    table.add_column("oldest", justify="right", no_wrap=True)
-    for s in rows:
-        counts = [str(s.counts.get(state, 0)) for state in shown]
-        table.add_row(s.queue, *counts, str(s.depth), _seconds(s.oldest_queued_age))
-    console.print(table)
+    cells = [
+        [
+            *(str(s.counts.get(state, 0)) for state in shown),
+            str(s.depth),
+            _seconds(s.oldest_queued_age),
+        ]
+        for s in rows
+    ]
+    headers = ["delayed" if st == "scheduled" else st for st in shown] + ["depth", "oldest"]
+    needed = _QUEUE_MIN + 6  # the queue column, its padding and the table's edges
+    for i, header in enumerate(headers):
+        # Numbers are never cut: a table too wide for them is printed another way (below).
+        width = max(len(header), *(len(row[i]) for row in cells))
+        needed += width + 2
+        style = "cyan" if header == "depth" else None
+        table.add_column(header, justify="right", no_wrap=True, min_width=width, style=style)
+    for s, row in zip(rows, cells, strict=True):
+        table.add_row(escape(s.queue), *row)
+    if needed <= console.width:
+        console.print(table)
+    else:  # too narrow for every column: one line per queue, which wraps instead
+        for s, row in zip(rows, cells, strict=True):
+            parts = ", ".join(f"{h} {v}" for h, v in zip(headers, row, strict=True))
+            console.print(f"[bold]{escape(s.queue)}[/]: {parts}")
     for s in rows:
         if s.hot_partitions:
             hot = ", ".join(f"{p} ({n} parked)" for p, n in s.hot_partitions)
