@@ -593,3 +593,26 @@ def test_the_async_final_write_is_retried_through_a_short_outage(store: Store) -
                 await keys.close()
 
     asyncio.run(main())
+
+
+def test_a_client_that_only_replays_purges_a_backlog_in_batches(store: Store) -> None:
+    short = keys_with(store, window=0.2, purge_every=3600.0)
+    for i in range(5):
+        short.call(lambda: "sent", tool="t", args={"i": i}, step=f"s{i}", task_id="w")
+    expired = [
+        short.identity(tool="t", args={"i": i}, step=f"s{i}", task_id="w")[0] for i in range(5)
+    ]
+    assert all(short.backend.get_key(k) is not None for k in expired)
+    keeper = keys_with(store, purge_every=0.05, purge_batch=2)
+    keeper.call(lambda: "kept", tool="t", args={}, step="keep", task_id="w")
+    time.sleep(0.3)  # the five keys of the short window expire
+    for _ in range(4):  # replays only: each purges a batch while a backlog remains
+        time.sleep(0.06)
+        assert keeper.call(lambda: "again", tool="t", args={}, step="keep", task_id="w").replayed
+    backend = keeper.backend
+    assert [backend.get_key(k) for k in expired] == [None] * 5
+    if store.kind != "redis" and not store.kind.startswith("redis"):
+        assert backend.purge_keys(1000) == 0  # nothing past its window was left behind
+    for client in (short, keeper):
+        if store.kind != "memory":
+            client.close()

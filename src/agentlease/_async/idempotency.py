@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import random
 import socket
@@ -474,6 +475,7 @@ class AsyncIdempotency:
         if wait is None:
             wait = settings.hold_for + 1.0 if scope.attempt is not None else 0.0
         give_up = _deadline.cap(_clock.monotonic() + check.non_negative(wait, "wait"))
+        await self._maybe_purge()  # replays purge too, not only new reservations
         pause = 0.02
         while True:
             _deadline.check_deadline(f"the action {tool or key[:16]!r}")  # never start late
@@ -490,7 +492,6 @@ class AsyncIdempotency:
                     logger.warning(
                         "idempotency key %s... taken over (fence %d)", key[:16], got.fence
                     )
-                await self._maybe_purge()
                 action = AsyncAction(self, key, fp, hold=got)
                 action._start(sent)
                 return action
@@ -549,13 +550,19 @@ class AsyncIdempotency:
         )
 
     async def _maybe_purge(self) -> None:
+        """Purge keys past the window every ``purge_every`` seconds of this client's use, and
+        at every use while a purge finds a full batch (a backlog: a client reserving faster
+        than one batch per interval still keeps up)."""
         if _clock.monotonic() - self._purged_at < self.settings.purge_every:
             return
         self._purged_at = _clock.monotonic()
         try:
-            await self.backend.purge_keys(self.settings.purge_batch)
+            purged = await self.backend.purge_keys(self.settings.purge_batch)
         except AgentLeaseError:
             logger.warning("purging expired idempotency keys failed", exc_info=True)
+            return
+        if purged >= self.settings.purge_batch:
+            self._purged_at = -math.inf  # more are waiting: the next use purges again
 
     async def call(
         self,
