@@ -63,8 +63,10 @@ class IdempotencySettings:
             action runs. A holder that crashes is taken over this long after its last renewal.
         max_result_bytes: the largest encoded result; a larger one is refused (and stored as a
             permanent failure, since the side effect did happen).
-        purge_every: seconds between this client's purges of keys past the window (stores
-            with their own expiry, such as Redis, need none).
+        purge_every: seconds between this client's purges of keys past the window: a use of the
+            client (a new reservation or a replay) purges when one is due, and every use purges
+            again while a purge finds a full batch (stores with their own expiry, such as
+            Redis, need none).
         purge_batch: the most keys one purge deletes.
     """
 
