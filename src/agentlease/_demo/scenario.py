@@ -20,6 +20,7 @@ from typing import Any
 import agentlease as al
 from agentlease._demo.checks import Check, Faults, check
 from agentlease._demo.ledger import read_ledgers
+from agentlease._demo.namespace import Namespace, namespace
 from agentlease.errors import InvalidInput
 
 __all__ = ["DemoConfig", "DemoReport", "run_demo"]
@@ -39,6 +40,8 @@ class DemoConfig:
         work: the range of seconds a task's handler works.
         seed: the random stream of task lengths and victims.
         timeout: the most seconds the run may take before it is declared failed.
+        keep: on Redis or PostgreSQL, keep the demo's key prefix or schema afterwards (by
+            default the demo runs in one of its own and removes it).
     """
 
     url: str | None = None
@@ -50,6 +53,7 @@ class DemoConfig:
     work: tuple[float, float] = (0.2, 0.6)
     seed: int = 0
     timeout: float = 120.0
+    keep: bool = False
 
     def __post_init__(self) -> None:
         if self.workers < 1 or self.tasks < 1:
@@ -91,8 +95,9 @@ def run_demo(config: DemoConfig, progress: Progress | None = None) -> DemoReport
     """Run the scenario and check it; ``progress(done, total, message)`` sees it live."""
     say = progress or (lambda done, total, message: None)
     rand = random.Random(config.seed)
+    space = namespace(config.url) if config.url else None
     with tempfile.TemporaryDirectory(prefix="agentlease-demo-") as tmp:
-        url = config.url or f"sqlite:///{Path(tmp) / 'demo.db'}"
+        url = space.url if space is not None else f"sqlite:///{Path(tmp) / 'demo.db'}"
         ledgers = Path(tmp) / "ledgers"
         ledgers.mkdir()
         queue = al.Queue.connect(url, settings=al.QueueSettings(lease_for=config.lease_for))
@@ -112,9 +117,14 @@ def run_demo(config: DemoConfig, progress: Progress | None = None) -> DemoReport
             shown = queue.backend.url  # as the backend shows it: never a password
         finally:
             queue.close()
+            removed = _remove(space, config.keep)
         checks, figures = check(tasks, read_ledgers(ledgers), faults)
+    if space is None:
+        where = f"sqlite at {Path(tmp) / 'demo.db'} (a temp dir, removed)"
+    else:
+        where = shown if space.name is None else f"{shown} ({space.name}, {removed})"
     figures.update(
-        backend=shown if config.url else "sqlite (temp dir)",
+        backend=where,
         workers=config.workers,
         killed=len(faults.killed),
         frozen=len(faults.frozen),
@@ -122,6 +132,19 @@ def run_demo(config: DemoConfig, progress: Progress | None = None) -> DemoReport
         elapsed_seconds=round(elapsed, 2),
     )
     return DemoReport(checks, figures)
+
+
+def _remove(space: Namespace | None, keep: bool) -> str:
+    """Remove the demo's namespace unless asked to keep it; says what became of it."""
+    if space is None or space.drop is None:
+        return "left as it was"
+    if keep:
+        return "kept: --keep"
+    try:
+        space.drop()
+    except Exception as exc:  # the demo's verdict stands; say why its data is still there
+        return f"not removed: {type(exc).__name__}: {exc}"
+    return "removed"
 
 
 def _enqueue(

@@ -29,6 +29,9 @@ from agentlease.errors import AgentLeaseError
 @click.option("--lease-for", default=2.0, show_default=True, help="Lease length in seconds.")
 @click.option("--seed", default=0, show_default=True, help="Seed of task lengths and victims.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
+@click.option(
+    "--keep", is_flag=True, help="On Redis or PostgreSQL, keep the demo's key prefix or schema."
+)
 def demo(
     url: str | None,
     workers: int,
@@ -38,8 +41,13 @@ def demo(
     lease_for: float,
     seed: int,
     as_json: bool,
+    keep: bool,
 ) -> None:
-    """Run many workers, kill and freeze some, and check that nothing ran twice or was lost."""
+    """Run many workers, kill and freeze some, and check that nothing ran twice or was lost.
+
+    On Redis or PostgreSQL the demo runs in a key prefix or schema of its own and removes it
+    afterwards (--keep keeps it), unless the URL names its own prefix= or schema=, which it uses
+    as it is; without --backend it runs on SQLite in a temp dir."""
     try:
         config = DemoConfig(
             url=url,
@@ -49,6 +57,7 @@ def demo(
             freeze=freeze,
             lease_for=lease_for,
             seed=seed,
+            keep=keep,
         )
         report = run_demo(config) if as_json else _run_live(config)
     except AgentLeaseError as exc:
@@ -98,5 +107,6 @@ def _print(report: DemoReport) -> None:
         f"{f['zombie_writes_rejected']} zombie writes rejected, slowest recovery "
         f"{f['recovery_seconds_max']}s, {f['elapsed_seconds']}s in all"
     )
+    console.print(f"store: {escape(str(f['backend']))}")
     verdict = "[green]every invariant held[/green]" if report.ok else "[red]INVARIANT BROKEN[/red]"
     console.print(verdict)
