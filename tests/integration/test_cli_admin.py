@@ -557,6 +557,9 @@ def test_an_error_with_brackets_is_printed_as_it_is(run) -> None:
     result = run("demo", "--backend", "foo://x[bold]y[/bold]", url=None)
     assert result.exit_code == 2
     assert "foo://x[bold]y[/bold]" in result.stderr + result.stdout
+    malformed = run("demo", "--backend", "redis://x[bold]y/0", url=None)
+    assert malformed.exit_code == 2
+    assert "malformed backend URL 'redis://x[bold]y/0'" in malformed.stderr
 
 
 def test_show_prints_everything_about_one_task(run, sqlite_url: str) -> None:

@@ -15,6 +15,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
+from agentlease._redact import redact_url
+from agentlease.errors import InvalidURL
+
 __all__ = ["Namespace", "namespace"]
 
 
@@ -39,8 +42,13 @@ def namespace(url: str) -> Namespace:
     """A namespace of the demo's own on the store at ``url`` (the URL itself for SQLite and
     memory). The URL is validated by the backend when the demo connects."""
     scheme = url.split(":", 1)[0].lower()
+    if scheme not in ("redis", "rediss", "postgresql", "postgres"):
+        return Namespace(url)  # SQLite, memory, or a URL the backend will refuse
+    try:
+        given = {k for k, _ in parse_qsl(urlsplit(url).query, keep_blank_values=True)}
+    except ValueError:
+        raise InvalidURL(f"malformed backend URL {redact_url(url)!r}") from None
     run = uuid.uuid4().hex[:8]
-    given = {k for k, _ in parse_qsl(urlsplit(url).query, keep_blank_values=True)}
     if scheme in ("redis", "rediss") and "prefix" in given:
         return Namespace(url, "the key prefix it names: its keys are left there")
     if scheme in ("postgresql", "postgres") and "schema" in given:
