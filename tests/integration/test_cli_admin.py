@@ -111,6 +111,9 @@ def test_inspect_shows_live_leases(run, sqlite_url: str) -> None:
         (first,) = q.claim("jobs")
         q.fail(first.lease, ValueError("flaky"), retry_in=0)
         leased = q.claim("jobs", 2)
+        for job in leased:
+            if job.task_id == "b":
+                q.progress(job.lease, {"step": "fetching", "done": 3})
     assert {j.task_id for j in leased} == {"a", "b"}
 
     leases = json.loads(ok(run("inspect", "jobs", "--json")).stdout)
@@ -120,6 +123,8 @@ def test_inspect_shows_live_leases(run, sqlite_url: str) -> None:
     assert by_id["a"]["failures"] == 1
     assert by_id["b"]["attempt"] == 1
     assert by_id["b"]["failures"] == 0
+    assert by_id["b"]["progress"] == {"step": "fetching", "done": 3}
+    assert by_id["a"]["progress"] is None
     for lease in leases:
         assert lease["reclaims"] == 0
         assert 0 <= lease["leased_for"] < 30
@@ -129,6 +134,7 @@ def test_inspect_shows_live_leases(run, sqlite_url: str) -> None:
     table = ok(run("inspect", "jobs")).stdout
     assert "a" in table
     assert "live leases of jobs" in table
+    assert '{"step":"fetc' in table  # cut to fit 80 columns; --json has all of it
 
 
 def test_inspect_without_leases(run) -> None:

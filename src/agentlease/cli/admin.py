@@ -35,7 +35,7 @@ from agentlease.cli._app import (
     err_console,
     reports_errors,
 )
-from agentlease.errors import BackendUnavailable, InvalidInput, NotJSON
+from agentlease.errors import BackendUnavailable, InvalidInput, NotJSON, UnknownTask
 
 __all__ = ["open_queue", "print_json"]
 
@@ -283,11 +283,12 @@ def stats(queues: tuple[str, ...], as_json: bool, url: str) -> None:
 @backend_option
 @reports_errors
 def inspect(queue: str, limit: int, as_json: bool, url: str) -> None:
-    """Live leases of QUEUE, soonest expiry first."""
+    """Live leases of QUEUE, soonest expiry first, with each task's last progress."""
     with _closing(open_queue(url, must_exist=True)) as q:
         leases = q.inspect(queue, limit=limit)
+        progress = {info.task_id: _progress_of(q, info.task_id) for info in leases}
     if as_json:
-        print_json([asdict(info) for info in leases])
+        print_json([{**asdict(info), "progress": progress[info.task_id]} for info in leases])
         return
     if not leases:
         console.print(f"no live leases in [bold]{escape(queue)}[/]")
@@ -296,16 +297,27 @@ def inspect(queue: str, limit: int, as_json: bool, url: str) -> None:
     table.add_column("task id", style="bold", overflow="fold")
     for name in ("attempt", "held", "expires in", "reclaims", "failures"):
         table.add_column(name, justify="right", no_wrap=True)
+    table.add_column("progress", overflow="ellipsis", max_width=24)
     for info in leases:
+        shown = progress[info.task_id]
         table.add_row(
-            info.task_id,
+            escape(info.task_id),
             str(info.attempt),
             _seconds(info.leased_for),
             _seconds(info.expires_in),
             str(info.reclaims),
             str(info.failures),
+            "-" if shown is None else escape(orjson.dumps(shown).decode()),
         )
     console.print(table)
+
+
+def _progress_of(q: Queue, task_id: str) -> JSON:
+    """A task's last progress (``None`` if it reported none, or finished meanwhile and went)."""
+    try:
+        return q.get(task_id).progress
+    except UnknownTask:
+        return None
 
 
 # -- dead letters -------------------------------------------------------------------------------
