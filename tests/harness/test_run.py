@@ -16,6 +16,7 @@ from agentlease.cli import cli
 from agentlease.harness import History, load_scenario, run_seed, shrink
 from agentlease.harness.runner import explore, replay_command
 from tests.conftest import Store
+from tests.harness.test_six_bugs import CLASSES, spec
 
 # One worker runs the harness's tests, one at a time (see test_six_bugs.py).
 pytestmark = pytest.mark.xdist_group("harness")
@@ -29,19 +30,7 @@ def _ops(history: History) -> list[dict[str, object]]:
     return [op.to_json() for op in history.ops]
 
 
-SIX = ROOT / "examples" / "six_bugs"
-EVERY_EXAMPLE = [
-    f"{SIX / name}.py:{variant}"
-    for name in (
-        "lost_update",
-        "duplicate_side_effect",
-        "write_skew",
-        "deadlock",
-        "retry_storm",
-        "context_divergence",
-    )
-    for variant in ("BROKEN", "FIXED")
-]
+EVERY_EXAMPLE = [spec(name, variant) for name in CLASSES for variant in ("BROKEN", "FIXED")]
 
 
 @pytest.mark.parametrize("spec", EVERY_EXAMPLE)
