@@ -156,6 +156,20 @@ def test_importing_the_package_loads_only_the_exception_tree() -> None:
     assert out.stdout.split() == ["agentlease,agentlease.errors", "True"]
 
 
+def test_importing_the_package_loads_no_optional_extra() -> None:
+    """Neither ``import agentlease`` nor its queue load a driver or the dashboard's stack."""
+    code = (
+        "import sys, agentlease\n"
+        "agentlease.Queue, agentlease.AsyncQueue, agentlease.connect\n"
+        "extras = ('redis', 'psycopg', 'starlette', 'uvicorn', 'jinja2', 'agentlease.dashboard')\n"
+        "print(','.join(sorted(m for m in sys.modules if m.startswith(extras))))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], check=True, capture_output=True, text=True, timeout=60
+    )
+    assert out.stdout.strip() == ""
+
+
 def test_every_public_name_but_the_errors_is_imported_on_first_use() -> None:
     import agentlease.errors as errors
 

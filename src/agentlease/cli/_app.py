@@ -42,6 +42,7 @@ R = TypeVar("R")
 COMMANDS = {
     "bench": "agentlease.bench.command",
     "check": "agentlease.cli.harness",
+    "dashboard": "agentlease.cli.dashboard",
     "dead": "agentlease.cli.admin",
     "demo": "agentlease.cli.demo",
     "enqueue": "agentlease.cli.admin",
