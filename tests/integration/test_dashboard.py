@@ -311,3 +311,30 @@ def test_without_the_extra_the_command_names_it() -> None:
     assert out.returncode == 2, out.stderr
     assert "pip install 'agentlease[dashboard]'" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_the_command_refuses_a_missing_sqlite_file(tmp_path: Path) -> None:
+    missing = tmp_path / "typo.db"
+    out = subprocess.run(
+        [sys.executable, "-m", "agentlease", "dashboard", "--backend", f"sqlite:///{missing}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 2, out.stderr
+    assert "no SQLite database" in out.stderr
+    assert not missing.exists()
+
+
+async def test_task_ids_with_any_allowed_character_have_working_links(store) -> None:
+    q = store.queue()
+    odd = "tenant/a+b=c@d:e.f_g-h"
+    q.enqueue(Q, "x", id=odd)
+    q.claim(Q, lease_for=LIVE)
+    async with client(lambda: create_app(queue=store.aqueue)) as c:
+        page = await c.get(f"/queues/{Q}")
+        (link,) = re.findall(r'<a href="(/tasks/[^"]+)">', page.text)
+        task = await c.get(link.replace("&amp;", "&"))
+        assert task.status_code == 200
+        assert f"<h1>task {odd}</h1>" in task.text

@@ -11,7 +11,9 @@ import os
 
 import click
 
+from agentlease._redact import redact_url
 from agentlease.cli._app import backend_option, cli, fail, reports_errors
+from agentlease.errors import BackendUnavailable
 
 __all__ = ["dashboard"]
 
@@ -56,10 +58,14 @@ def dashboard(url: str, host: str, port: int, token: str | None, refresh: int) -
         from agentlease.dashboard import create_app
     except ImportError:
         fail(EXTRA_ADVICE)
+    from agentlease.cli.admin import _missing_sqlite_file
+
+    missing = _missing_sqlite_file(url)
+    if missing is not None:  # a mistyped path: say so now (a store that is down is shown later)
+        raise BackendUnavailable(f"no SQLite database at {missing!r} (from {redact_url(url)!r})")
     local = _loopback(host)
-    app = create_app(
-        url, token=token, refresh=refresh, allowed_hosts=LOOPBACK_NAMES if local else None
-    )
+    allowed = [*LOOPBACK_NAMES, host] if local else None
+    app = create_app(url, token=token, refresh=refresh, allowed_hosts=allowed)
     mode = "writes need the token" if token else "read-only (no --token)"
     click.echo(f"agentlease dashboard on http://{host}:{port}/ ({mode})", err=True)
     if not local:
