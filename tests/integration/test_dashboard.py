@@ -100,8 +100,12 @@ async def test_pages_show_the_store_and_escape_everything(store) -> None:
         assert "&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt;" in page.text
 
         for path in ("/", f"/queues/{Q}", *(f"/tasks/{i}" for i in ids.values())):
-            text = (await c.get(path)).text
-            assert "<script" not in text, path
+            page = await c.get(path)
+            assert "<script" not in page.text, path
+            assert "default-src 'none'" in page.headers["content-security-policy"]
+            assert "frame-ancestors 'none'" in page.headers["content-security-policy"]
+            assert page.headers["x-frame-options"] == "DENY"
+            assert page.headers["cache-control"] == "no-store"
 
 
 async def test_unknown_names_are_404_and_bad_names_400(store) -> None:

@@ -31,13 +31,25 @@ from agentlease.errors import (
     NotFound,
 )
 
-__all__ = ["COOKIE", "create_app"]
+__all__ = ["COOKIE", "HEADERS", "create_app"]
 
 COOKIE = "agentlease_dashboard"  # the session cookie the login form sets
 MAX_FORM = 64 * 1024  # bytes of a form body read at most
 LIST_LIMIT = 100  # leases and dead letters listed per queue
 ERROR_WIDTH = 300  # characters of an error shown in the dead-letter list
 _SESSION = b"agentlease dashboard session v1"
+# Every page: no script runs (whatever a payload holds), forms post only here, no other site
+# frames it, and nothing of it is cached.
+HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; "
+        "frame-ancestors 'none'; base-uri 'none'"
+    ),
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+    "Cache-Control": "no-store",
+}
 
 _templates = jinja2.Environment(
     loader=jinja2.PackageLoader("agentlease.dashboard", "templates"),
@@ -226,7 +238,7 @@ def create_app(
         page = _templates.get_template(template).render(
             where=store.where, writable=token is not None, logged_in=_authorized(request), **values
         )
-        return HTMLResponse(page, status_code=status)
+        return HTMLResponse(page, status_code=status, headers=HEADERS)
 
     def _authorized(request: Request) -> bool:
         if token is None:
