@@ -342,3 +342,33 @@ async def test_task_ids_with_any_allowed_character_have_working_links(store) -> 
         task = await c.get(link.replace("&amp;", "&"))
         assert task.status_code == 200
         assert f"<h1>task {odd}</h1>" in task.text
+
+
+async def test_mounted_under_a_path_its_links_and_writes_stay_under_it(store) -> None:
+    from starlette.applications import Starlette
+    from starlette.routing import Mount
+
+    q = store.queue()
+    ids = fill(q)
+    inner = create_app(queue=store.aqueue, token=TOKEN)
+
+    def outer() -> Starlette:
+        mount = Mount("/ops/dash", app=inner)
+        return Starlette(routes=[mount], lifespan=inner.router.lifespan_context)
+
+    async with client(outer) as c:
+        page = await c.get("/ops/dash/")
+        assert page.status_code == 200
+        assert f'href="/ops/dash/queues/{Q}"' in page.text
+        page = await c.get(f"/ops/dash/queues/{Q}")
+        assert f'href="/ops/dash/tasks/{ids["dead1"]}"' in page.text
+        login = {"token": TOKEN, "next": f"/queues/{Q}"}
+        r = await c.post("/ops/dash/login", data=login, headers={"origin": SITE})
+        assert r.status_code == 303
+        assert r.headers["location"] == f"/ops/dash/queues/{Q}"
+        r = await c.post(
+            f"/ops/dash/queues/{Q}/requeue", data={"all": "1"}, headers={"origin": SITE}
+        )
+        assert r.status_code == 303
+        assert r.headers["location"] == f"/ops/dash/queues/{Q}?requeued=2"
+    assert q.dead(Q) == []

@@ -187,6 +187,12 @@ def _task_fields(task: Task, now: float) -> list[tuple[str, str]]:
     return fields
 
 
+def _root(request: Request) -> str:
+    """The path the dashboard is mounted at ("" at the root of its site): links start with it."""
+    root: str = request.scope.get("root_path", "")
+    return root.rstrip("/")
+
+
 def _local_path(value: str | None) -> str:
     """``value`` if it is a path on this site (never another site's URL), else ``/``."""
     if value and value.startswith("/") and not value.startswith("//") and "\\" not in value:
@@ -234,6 +240,7 @@ def create_app(
 
     def render(request: Request, template: str, status: int = 200, **context: Any) -> HTMLResponse:
         values: dict[str, Any] = {"refresh": 0, "error": None, "notice": None}
+        values["root"] = _root(request)
         values.update(context)
         page = _templates.get_template(template).render(
             where=store.where, writable=token is not None, logged_in=_authorized(request), **values
@@ -260,7 +267,7 @@ def create_app(
             origin = f"{parts.scheme}://{parts.netloc}"
         if origin is None:
             return not request.headers.get("authorization", "").lower().startswith("bearer ")
-        own = str(request.base_url).rstrip("/")
+        own = f"{request.url.scheme}://{request.url.netloc}"
         return origin.rstrip("/").lower() != own.lower()
 
     async def _form(request: Request) -> dict[str, list[str]]:
@@ -377,7 +384,8 @@ def create_app(
             raise InvalidInput("name the dead tasks to requeue, or all of them")
         front = form.get("front") == ["1"]
         count = await store.get().requeue_dead(name, ids or None, front=front)
-        return RedirectResponse(f"/queues/{name}?{urlencode({'requeued': count})}", status_code=303)
+        where = f"{_root(request)}/queues/{name}?{urlencode({'requeued': count})}"
+        return RedirectResponse(where, status_code=303)
 
     async def login_page(request: Request) -> Response:
         nxt = _local_path(request.query_params.get("next"))
@@ -399,14 +407,14 @@ def create_app(
         if not _same(given, token):
             return render(request, "login.html", status=403, title="log in", next=nxt, wrong=True)
         assert session is not None
-        response = RedirectResponse(nxt, status_code=303)
+        response = RedirectResponse(_root(request) + nxt, status_code=303)
         response.set_cookie(COOKIE, session, httponly=True, samesite="strict", path="/")
         return response
 
     async def logout(request: Request) -> Response:
         if _cross_site(request):
             return refuse(request, "refused a log-out from another site")
-        response = RedirectResponse("/", status_code=303)
+        response = RedirectResponse(_root(request) + "/", status_code=303)
         response.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict")
         return response
 
