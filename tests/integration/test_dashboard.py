@@ -159,9 +159,12 @@ async def test_requeue_needs_the_token_and_a_request_from_the_dashboard(store) -
             assert r.status_code == 403, headers
         assert len(q.dead(Q)) == 2
 
-        # The page offers a log-in, not buttons.
+        # The page offers a log-in that comes back to it, not buttons.
         page = await c.get(f"/queues/{Q}")
-        assert "log in</a> to requeue" in page.text
+        assert f'<a href="/login?next=/queues/{Q}">log in</a> to requeue' in page.text
+        assert 'class="requeue"' not in page.text
+        page = await c.get(f"/tasks/{ids['dead1']}")
+        assert 'id="requeue"' not in page.text
 
         # A script: the token in a header, no Origin needed.
         r = await c.post(
@@ -204,6 +207,10 @@ async def test_a_browser_session_logs_in_and_requeues_one_then_all(store) -> Non
         page = await c.get(f"/queues/{Q}")
         assert 'id="requeue-all"' in page.text
         assert page.text.count('class="requeue"') == 3
+        page = await c.get(f"/tasks/{ids['dead1']}")
+        assert 'id="requeue"' in page.text
+        page = await c.get(f"/tasks/{ids['leased']}")
+        assert 'id="requeue"' not in page.text
 
         # The cookie alone is not enough: a post from another site is refused.
         r = await c.post(

@@ -240,7 +240,9 @@ def create_app(
 
     def render(request: Request, template: str, status: int = 200, **context: Any) -> HTMLResponse:
         values: dict[str, Any] = {"refresh": 0, "error": None, "notice": None}
-        values["root"] = _root(request)
+        values["root"] = root = _root(request)
+        path = request.url.path
+        values["here"] = _local_path(path[len(root) :] if path.startswith(root) else path)
         values.update(context)
         page = _templates.get_template(template).render(
             where=store.where, writable=token is not None, logged_in=_authorized(request), **values
