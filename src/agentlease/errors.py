@@ -81,6 +81,7 @@ __all__ = [
     "InvalidDuration",
     "InvalidInput",
     "InvalidName",
+    "InvalidSchedule",
     "InvalidURL",
     "LeaseLost",
     "LimitReached",
@@ -130,6 +131,10 @@ class InvalidDuration(InvalidInput):
 
 class InvalidURL(InvalidInput):
     """A backend URL is malformed or names an unsupported scheme."""
+
+
+class InvalidSchedule(InvalidInput):
+    """A schedule was refused: bad cron expression, misfire policy, time zone or window."""
 
 
 class MissingIdentity(InvalidInput):
