@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 
@@ -63,20 +64,34 @@ class AsyncWakeup:
 
 
 class Wakeup:
-    """A stop flag for a loop on a thread."""
+    """A stop flag for a loop on a thread.
+
+    It takes no lock: ``set`` runs in signal handlers, which interrupt the main thread anywhere
+    (a ``threading.Event`` set there deadlocks if the signal lands while the same thread holds
+    the event's lock inside ``wait``). ``wait`` sleeps in short slices and looks at the flag
+    between them.
+    """
+
+    SLICE = 0.05  # seconds: how soon a wait notices the flag
 
     def __init__(self) -> None:
-        self._event = threading.Event()
+        self._set = False
 
     def set(self) -> None:
-        self._event.set()
+        self._set = True
 
     def is_set(self) -> bool:
-        return self._event.is_set()
+        return self._set
 
     def wait(self, timeout: float) -> bool:
         """Sleep up to ``timeout`` seconds or until set; return whether it is set."""
-        return self._event.wait(timeout)
+        end = time.monotonic() + timeout
+        while not self._set:
+            left = end - time.monotonic()
+            if left <= 0:
+                break
+            time.sleep(min(self.SLICE, left))
+        return self._set
 
     @contextmanager
     def signals(self, handler: Callable[[signal.Signals], None]) -> Iterator[None]:
