@@ -4,6 +4,7 @@ store is touched)."""
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 from datetime import UTC, datetime
@@ -212,3 +213,46 @@ def test_a_cron_schedule_without_the_extra_names_it() -> None:
         "    print(exc)\n"
     )
     assert "pip install 'agentlease[cron]'" in _modules(code)
+
+
+# -- a scheduler on a store whose clock the test moves ---------------------------------------
+
+
+class Clock:
+    def __init__(self, at: float) -> None:
+        self.at = at
+
+    def __call__(self) -> float:
+        return self.at
+
+
+@pytest.mark.parametrize(
+    ("misfire", "after_gap"),
+    [("all", [40, 50, 60, 70, 80, 90]), ("latest", [90]), ("skip", [90])],
+)
+def test_a_gap_longer_than_grace_fires_per_policy_and_logs_what_was_missed(
+    misfire: str, after_gap: list[int], caplog: pytest.LogCaptureFixture
+) -> None:
+    t0 = T0 / SECOND
+    clock = Clock(t0 + 1)
+    q = al.Queue(al.MemoryBackend(clock=clock))
+    every_ten = al.Schedule("ten", "jobs", every=10, misfire=misfire, grace=60)  # type: ignore[arg-type]
+    s = al.Scheduler(q, [every_ten])
+    first = s.run_once()
+    # At the start: "all" catches up the grace, "latest" fires the latest tick, "skip" none.
+    assert [t.at - t0 for t in first] == {
+        "all": [-50, -40, -30, -20, -10, 0],
+        "latest": [0],
+        "skip": [],
+    }[misfire]
+    clock.at = t0 + 11
+    assert [t.at - t0 for t in s.run_once()] == [10]
+    clock.at = t0 + 95  # the scheduler (or the store) was away for 84 s
+    with caplog.at_level(logging.WARNING, logger="agentlease.scheduler"):
+        fired = s.run_once()
+    assert [t.at - t0 for t in fired] == after_gap
+    assert all(t.created for t in fired)
+    (warning,) = [r.getMessage() for r in caplog.records]
+    assert "ticks from 2026-12-02T00:55:20Z to before" in warning
+    assert s.run_once() == []  # nothing twice
+    assert sum(q.stats("jobs").counts.values()) == len(first) + 1 + len(after_gap)

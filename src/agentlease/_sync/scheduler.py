@@ -15,8 +15,10 @@ Between passes the scheduler sleeps until the next tick of any schedule, at most
 seconds (so that a jump of the store's clock is noticed). A pass that fails because the store is
 unreachable (:class:`~agentlease.errors.BackendUnavailable`, or any other store failure) is logged
 (rate-limited) and tried again after a jittered backoff: the ticks it meant to fire are still due
-on the next pass, while within their grace. A store that refuses the scheduler for good
-(:class:`~agentlease.errors.BackendRefused`) ends :meth:`run` with that error.
+on the next pass, while within their grace. Ticks a scheduler sees it has skipped (past their
+grace, or dropped by ``misfire="latest"``) are logged as a warning when it fires the next one.
+A store that refuses the scheduler for good (:class:`~agentlease.errors.BackendRefused`) ends
+:meth:`run` with that error.
 """
 
 from __future__ import annotations
@@ -154,6 +156,18 @@ class Scheduler:
                 for at in ticks
             ]
             results = self.queue.enqueue_many(schedule.queue, specs)
+            known = self._fired_through.get(schedule.name)
+            first_missed = None if known is None else schedule.next_after(known)
+            if first_missed is not None and first_missed < ticks[0]:
+                log.warning(
+                    "schedule %r: ticks from %s to before %s were missed and are not fired "
+                    "(misfire=%r, grace %gs)",
+                    schedule.name,
+                    tick_label(first_missed),
+                    tick_label(ticks[0]),
+                    schedule.misfire,
+                    schedule.grace,
+                )
             self._fired_through[schedule.name] = ticks[-1]
             for at, result in zip(ticks, results, strict=True):
                 tick = Tick(
