@@ -147,3 +147,13 @@ async def test_the_async_face_fires_once_too(store: Store) -> None:
     for r in runners:
         await r.close()
     assert tasks(store.queue()) == 1
+
+
+def test_a_scheduler_opened_by_url(store: Store) -> None:
+    if store.kind == "memory":
+        pytest.skip("memory:// opens a store of its own")
+    hourly = al.Schedule("hourly", Q, every=HOUR, grace=HOUR)
+    with al.Scheduler.connect(store.url, [hourly]) as s:
+        (tick,) = s.run_once()
+    assert tick.created
+    assert store.queue().get(tick.task_id).state == "queued"

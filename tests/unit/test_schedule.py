@@ -175,8 +175,9 @@ def test_a_scheduler_refuses_duplicate_names_and_oversized_payloads_before_any_w
         al.Scheduler(q, [al.Schedule("a", "x", every=1, payload="z" * 100)])
     with pytest.raises(al.InvalidSchedule, match="not a Schedule"):
         al.Scheduler(q, ["a"])  # type: ignore[list-item]
-    with pytest.raises(al.InvalidInput):
-        al.Scheduler(q, [], max_sleep=0)
+    for bad in (0, -1, float("nan"), 3601, "1"):
+        with pytest.raises(al.InvalidDuration):
+            al.Scheduler(q, [], max_sleep=bad)  # type: ignore[arg-type]
     assert q.queues() == []
 
 

@@ -32,12 +32,13 @@ from types import TracebackType
 from typing import TYPE_CHECKING
 
 from agentlease import _clock
+from agentlease import _validate as check
 from agentlease._codec import encode
 from agentlease._records import TaskSpec
 from agentlease._schedule import SECOND, Schedule, Tick, tick_label
 from agentlease._settings import QueueSettings
 from agentlease._wakeup import Wakeup
-from agentlease.errors import BackendError, BackendRefused, InvalidInput, InvalidSchedule
+from agentlease.errors import BackendError, BackendRefused, InvalidDuration, InvalidSchedule
 
 if TYPE_CHECKING:
     from agentlease._sync.queue import Queue
@@ -50,6 +51,8 @@ log = logging.getLogger("agentlease.scheduler")
 LOG_EVERY = 30.0
 # The longest backoff between passes while the store fails (seconds).
 MAX_BACKOFF = 5.0
+# The longest max_sleep accepted (seconds).
+MAX_SLEEP = 3600.0
 
 
 class Scheduler:
@@ -58,12 +61,12 @@ class Scheduler:
     Args:
         queue: the queue client whose store the tasks go to.
         schedules: the schedules; their names must be distinct.
-        max_sleep: the longest sleep between passes, in seconds.
+        max_sleep: the longest sleep between passes, in seconds (at most an hour).
 
     Raises:
         InvalidSchedule: two schedules share a name, or an item is not a Schedule.
         PayloadTooLarge: a schedule's payload is over the queue's size limit.
-        InvalidDuration: ``max_sleep`` is not a positive finite number.
+        InvalidDuration: ``max_sleep`` is not a positive number of seconds up to an hour.
     """
 
     def __init__(
@@ -82,8 +85,8 @@ class Scheduler:
                 raise InvalidSchedule(f"two schedules are named {item.name!r}")
             names.add(item.name)
             encode(item.payload, limit=queue.settings.max_payload_bytes)
-        if not 0 < max_sleep <= 3600:  # NaN fails it too
-            raise InvalidInput(f"max_sleep must be in (0, 3600] seconds, not {max_sleep!r}")
+        if check.duration(max_sleep, "max_sleep") > MAX_SLEEP:
+            raise InvalidDuration(f"max_sleep must be at most {MAX_SLEEP:g} s, not {max_sleep!r}")
         self.queue = queue
         self.schedules = items
         self.max_sleep = float(max_sleep)
