@@ -517,7 +517,9 @@ def test_the_worker_command_imports_no_other_command_no_rich_and_no_driver(tmp_p
                     "agentlease._idempotent", "agentlease._outcomes", "agentlease._renewal",
                     "agentlease._async.state", "agentlease._sync.state", "agentlease._guards",
                     "agentlease._versioned_sql", "agentlease._policy.transitions",
-                    "agentlease._async.holds", "agentlease._sync.holds",
+                    "agentlease._async.holds", "agentlease._sync.holds", "cronsim",
+                    "agentlease._schedule", "agentlease._async.scheduler",
+                    "agentlease._sync.scheduler", "agentlease._wakeup",
                     "agentlease.backends.memory", "agentlease.backends._memory",
                     "agentlease.dashboard", "starlette", "uvicorn", "jinja2")
         print(",".join(sorted(m for m in sys.modules if m.startswith(prefixes))))

@@ -104,6 +104,7 @@ PUBLIC = {
     "InvalidDuration",
     "InvalidInput",
     "InvalidName",
+    "InvalidSchedule",
     "InvalidURL",
     "Job",
     "JobContext",
@@ -133,6 +134,10 @@ PUBLIC = {
     "connect",
     "connect_async",
     "full_jitter",
+    "AsyncScheduler",
+    "Schedule",
+    "Scheduler",
+    "Tick",
 }
 
 
@@ -197,6 +202,7 @@ def test_sync_and_async_faces_have_the_same_method_names() -> None:
     assert methods(agentlease.SharedState) == methods(agentlease.AsyncSharedState)
     assert methods(agentlease.LockSet) == methods(agentlease.AsyncLockSet)
     assert methods(agentlease.CounterHold) == methods(agentlease.AsyncCounterHold)
+    assert methods(agentlease.Scheduler) == methods(agentlease.AsyncScheduler)
 
 
 def test_every_error_descends_from_one_root() -> None:

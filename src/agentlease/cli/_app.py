@@ -52,6 +52,7 @@ COMMANDS = {
     "migrate": "agentlease.cli.migrate",
     "replay": "agentlease.cli.harness",
     "rights": "agentlease.cli.rights",
+    "scheduler": "agentlease.cli.schedule",
     "show": "agentlease.cli.show",
     "stats": "agentlease.cli.admin",
     "worker": "agentlease.cli.work",
