@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -303,3 +304,85 @@ def test_a_handler_in_another_process_joins_the_enqueuers_trace(
     assert spans[f"complete {Q}"]["parent"] == spans[f"run {Q}"]["span"]
     with al.Queue.connect(sqlite_url) as queue:
         assert queue.get("remote").state == "done"
+
+
+def test_the_worker_command_with_otel_exports_spans_and_metrics_configured_by_the_environment(
+    otel: Otel, sqlite_url: str, tmp_path: Path
+) -> None:
+    """``agentlease worker --otel`` with the SDK installed: the OTEL_* variables choose the
+    exporters (console here), and the handler's run joins the trace of the enqueue made here."""
+    (tmp_path / "otel_handlers.py").write_text("def double(ctx):\n    return ctx.payload * 2\n")
+    with al.Queue.connect(sqlite_url) as queue:
+        queue.enqueue(Q, 21, id="cli")
+    (enqueue,) = otel.finished(f"enqueue {Q}")
+    env = {
+        **os.environ,
+        "OTEL_TRACES_EXPORTER": "console",
+        "OTEL_METRICS_EXPORTER": "console",
+        "OTEL_SERVICE_NAME": "otel-test-worker",
+    }
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "agentlease",
+            "worker",
+            "otel_handlers:double",
+            "--backend",
+            sqlite_url,
+            "-q",
+            Q,
+            "--burst",
+            "--poll-interval",
+            "0.05",
+            "--otel",
+        ],
+        check=False,
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    with al.Queue.connect(sqlite_url) as queue:
+        assert queue.get("cli").result == 42
+    trace_id = f"0x{enqueue.context.trace_id:032x}"
+    assert f'"name": "run {Q}"' in out.stdout
+    assert f'"trace_id": "{trace_id}"' in out.stdout
+    assert f'"parent_id": "0x{_id(enqueue):016x}"' in out.stdout
+    assert '"service.name": "otel-test-worker"' in out.stdout
+    assert '"name": "agentlease.tasks.completed"' in out.stdout
+
+
+def test_the_worker_command_without_the_otel_api_names_the_extra(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    (tmp_path / "opentelemetry").mkdir()  # a package that shadows the API and cannot load
+    (tmp_path / "opentelemetry" / "__init__.py").write_text("raise ImportError('not here')\n")
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "agentlease",
+            "worker",
+            "json:dumps",
+            "--backend",
+            sqlite_url,
+            "-q",
+            Q,
+            "--burst",
+            "--otel",
+        ],
+        check=False,
+        cwd=tmp_path,
+        env={
+            **os.environ,
+            "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+        },
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode != 0
+    assert "agentlease[otel]" in out.stderr
