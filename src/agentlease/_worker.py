@@ -51,6 +51,12 @@ cancelled and has unwound. A sync handler still running on its thread keeps its 
 expires and is reaped as after a crash (its late writes are refused). A second signal skips the
 rest of the grace period and ends the run within about a second. Every signal is logged.
 
+Telemetry. While an exporter is installed (``agentlease.otel.instrument()``, see
+:mod:`agentlease._telemetry`), the worker reports each claim (with the task's due time, for the
+queue latency) and each handler run (its span current in the handler's context, ended with the
+handler's error if it raised), and reads its queue's stats once per ``stats_interval`` in a task
+of its own for the depth gauge. Without one, none of this runs.
+
 Store errors: an unreachable store (:class:`~agentlease.errors.BackendUnavailable`), or any other
 failure of a claim, is logged (rate-limited, with the URL without its password) while the worker
 backs off with jitter and tries again. A store that refuses the worker for good
