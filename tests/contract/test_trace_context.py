@@ -4,6 +4,7 @@ kept through a retry and beside the root task; an enqueue without instrumentatio
 
 from __future__ import annotations
 
+import contextvars
 from collections.abc import Iterator
 
 import pytest
@@ -92,12 +93,13 @@ def test_trace_state_and_the_root_task_share_the_context(
         trace_flags=TraceFlags(TraceFlags.SAMPLED),
         trace_state=TraceState([("vendor", "v1")]),
     )
-    token = context.attach(trace.set_span_in_context(NonRecordingSpan(remote)))
-    try:
+
+    def enqueue_in_a_handler() -> None:
         enter_work("root-7", None, None)  # as inside a handler of task root-7
+        context.attach(trace.set_span_in_context(NonRecordingSpan(remote)))
         q.enqueue(Q, 1, id="child")
-    finally:
-        context.detach(token)
+
+    contextvars.copy_context().run(enqueue_in_a_handler)  # leaves this context as it was
     task = q.get("child")
     assert task.root_id == "root-7"
     assert task.trace_context["tracestate"] == "vendor=v1"
