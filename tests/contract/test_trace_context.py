@@ -107,3 +107,19 @@ def test_trace_state_and_the_root_task_share_the_context(
     (job,) = q.claim(Q, lease_for=30.0)
     assert job.trace_context == task.trace_context
     assert job.root_id == "root-7"
+
+
+def test_a_claim_hands_each_job_the_time_its_task_became_due(store: Store) -> None:
+    """The queue latency (``leased_at - run_at``, both on the store's clock) comes from the
+    claim alone: the job carries its task's due time, the enqueue time or a retry's."""
+    q = store.queue()
+    q.enqueue_many(Q, [TaskSpec(payload=n, id=f"t{n}") for n in range(3)])
+    due = {f"t{n}": q.get(f"t{n}").run_at for n in range(3)}
+    jobs = q.claim(Q, n=2, lease_for=30.0)
+    jobs += q.claim(Q, n=2, lease_for=30.0)  # one batch of two, then a single claim
+    assert {j.task_id: j.run_at for j in jobs} == pytest.approx(due, abs=1e-6)
+    assert all(j.lease.leased_at >= (j.run_at or 0.0) for j in jobs)
+    q.fail(jobs[0].lease, ValueError("again"), retry_in=0.0)
+    retry_at = q.get(jobs[0].task_id).run_at
+    (again,) = q.claim(Q, lease_for=30.0)
+    assert again.run_at == pytest.approx(retry_at, abs=1e-6)
