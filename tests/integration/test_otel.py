@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -386,3 +387,52 @@ def test_the_worker_command_without_the_otel_api_names_the_extra(
     )
     assert out.returncode != 0
     assert "agentlease[otel]" in out.stderr
+
+
+class _CountingMemory(MemoryBackend):
+    """The memory store, counting its stats reads."""
+
+    reads = 0
+
+    def stats(self, queue: str) -> al.QueueStats:
+        self.reads += 1
+        return super().stats(queue)
+
+
+def test_the_depth_gauge_reads_the_store_once_per_interval_however_often_it_is_collected() -> None:
+    reader = InMemoryMetricReader()
+    meters = MeterProvider(metric_readers=[reader])
+    backend = _CountingMemory()
+    queue = al.Queue(backend)
+    queue.enqueue_many(Q, [1, 2, 3])
+    seen: list[dict[str, int]] = []
+
+    def handler(ctx: al.JobContext) -> al.JSON:
+        if ctx.payload != 1:
+            return None
+        for _ in range(500):  # the worker's first read happens as it starts
+            if backend.reads:
+                break
+            time.sleep(0.01)
+        for _ in range(5):
+            data = reader.get_metrics_data()
+            assert data is not None
+            seen.append(
+                {
+                    str(p.attributes["agentlease.task.state"]): int(p.value)
+                    for r in data.resource_metrics
+                    for s in r.scope_metrics
+                    for m in s.metrics
+                    if m.name == "agentlease.queue.depth"
+                    for p in m.data.data_points
+                }
+            )
+        return None
+
+    with instrument(meter_provider=meters, stats_interval=3600.0):
+        al.Worker(queue, Q, handler).run(burst=True, handle_signals=False)
+    assert backend.reads == 1
+    assert len(seen) == 5
+    assert all(s == seen[0] for s in seen)
+    assert sum(seen[0].values()) == 3
+    meters.shutdown()
