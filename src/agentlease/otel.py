@@ -80,11 +80,27 @@ _MAX_PARENTS = 10_000  # leases whose span context is remembered for their settl
 _Attributes = dict[str, AttributeValue]
 
 
-def _version() -> str:
-    try:
-        return importlib.metadata.version("agentlease")
-    except importlib.metadata.PackageNotFoundError:  # pragma: no cover - a source checkout
-        return "0"
+# Seconds, from a claim within milliseconds to an agent's task of an hour.
+_BUCKETS = (
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+    600.0,
+    1800.0,
+    3600.0,
+)
 
 
 def _job_attributes(job: Job, operation: str, kind: str) -> _Attributes:
@@ -150,7 +166,8 @@ class Instrumentation:
         if isinstance(stats_interval, bool) or not stats_interval > 0:
             raise ValueError(f"stats_interval must be a positive number, not {stats_interval!r}")
         self.stats_interval = float(stats_interval)
-        version = _version()
+        from agentlease import __version__ as version
+
         self.tracer = trace.get_tracer(SYSTEM, version, tracer_provider=tracer_provider)
         meter = metrics.get_meter(SYSTEM, version, meter_provider=meter_provider)
 
@@ -173,9 +190,13 @@ class Instrumentation:
             "agentlease.queue.latency",
             unit="s",
             description="Time from a task being due to its claim, on the store's clock.",
+            explicit_bucket_boundaries_advisory=_BUCKETS,
         )
         self.run_time = meter.create_histogram(
-            "agentlease.task.run_time", unit="s", description="Time a handler ran."
+            "agentlease.task.run_time",
+            unit="s",
+            description="Time a handler ran.",
+            explicit_bucket_boundaries_advisory=_BUCKETS,
         )
         meter.create_observable_gauge(
             "agentlease.queue.depth",

@@ -116,7 +116,8 @@ class Backend(Protocol):
         (to the front if ``terms.reap_front``; dead-lettered past ``max_reclaims``), pick by
         priority (higher first) then sequence, mark leased with a fresh random token per task,
         ``attempt += 1``, expiry from the store's clock. Returns the jobs in pick order (each with
-        its task's ``context_json``) and the leases it reaped.
+        its task's ``context_json`` and ``run_at``, the time it became due, for the queue
+        latency) and the leases it reaped.
         """
         ...
 
