@@ -436,3 +436,22 @@ def test_the_depth_gauge_reads_the_store_once_per_interval_however_often_it_is_c
     assert all(s == seen[0] for s in seen)
     assert sum(seen[0].values()) == 3
     meters.shutdown()
+
+
+def test_a_reaped_lease_and_its_holders_late_write_are_counted(otel: Otel) -> None:
+    queue = al.Queue(MemoryBackend())
+    queue.enqueue(Q, 1, id="stuck")
+    (stale,) = queue.claim(Q, lease_for=0.2)  # a holder that stops heartbeating
+    time.sleep(0.3)
+    al.Worker(queue, Q, lambda ctx: "done").run(burst=True, handle_signals=False)
+    with pytest.raises(al.LeaseLost):
+        queue.progress(stale.lease, "still here")
+    assert queue.get("stuck").state == "done"
+    assert otel.total("agentlease.tasks.reaped", **{"agentlease.outcome": "requeued"}) == 1
+    assert otel.total("agentlease.tasks.claimed") == 1  # the worker's claim (the stale one was
+    # made outside a worker, by a bare claim call)
+    assert otel.total("agentlease.tasks.completed") == 1
+    assert otel.total("agentlease.writes.refused", **{"agentlease.write": "progress"}) == 1
+    (run,) = otel.finished(f"run {Q}")
+    assert run.attributes["agentlease.task.attempt"] == 2
+    assert run.attributes["agentlease.task.reclaims"] == 1
