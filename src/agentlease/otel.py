@@ -65,6 +65,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from opentelemetry.util.types import AttributeValue
 
 from agentlease import _telemetry
+from agentlease import _validate as check
 from agentlease._events import Event
 from agentlease._records import STATES, Enqueued, Job, NewTask, QueueStats
 
@@ -163,9 +164,7 @@ class Instrumentation:
         meter_provider: metrics.MeterProvider | None = None,
         stats_interval: float = 15.0,
     ) -> None:
-        if isinstance(stats_interval, bool) or not stats_interval > 0:
-            raise ValueError(f"stats_interval must be a positive number, not {stats_interval!r}")
-        self.stats_interval = float(stats_interval)
+        self.stats_interval = check.duration(stats_interval, "stats_interval")
         from agentlease import __version__ as version
 
         self.tracer = trace.get_tracer(SYSTEM, version, tracer_provider=tracer_provider)
@@ -303,6 +302,9 @@ class Instrumentation:
             self._settle(event, "dead_letter")
         elif name == "reaped":
             self.reaped.add(1, {**attributes, "agentlease.outcome": str(fields.get("outcome"))})
+        elif name == "released":
+            with self._lock:
+                self._parents.pop((event.task_id, event.attempt), None)
         elif name == "lease_lost":
             self.lost.add(1, attributes)
         elif name == "zombie_rejected":
@@ -373,6 +375,9 @@ def instrument(
         stats_interval: seconds between two reads of a worker's queue stats for
             ``agentlease.queue.depth`` (one read per worker and interval, however often the
             metrics are collected).
+
+    Raises:
+        InvalidDuration: ``stats_interval`` is not a positive number of seconds.
 
     Returns:
         The instrumentation; :meth:`Instrumentation.uninstrument` (or leaving it as a context

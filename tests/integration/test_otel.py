@@ -455,3 +455,11 @@ def test_a_reaped_lease_and_its_holders_late_write_are_counted(otel: Otel) -> No
     (run,) = otel.finished(f"run {Q}")
     assert run.attributes["agentlease.task.attempt"] == 2
     assert run.attributes["agentlease.task.reclaims"] == 1
+
+
+def test_a_bad_stats_interval_is_refused_and_installs_nothing() -> None:
+    from agentlease import _telemetry
+
+    with pytest.raises(al.InvalidDuration, match="stats_interval"):
+        instrument(stats_interval=0)
+    assert _telemetry.current() is None
