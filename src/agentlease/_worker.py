@@ -256,8 +256,8 @@ class AsyncWorker:
             finally:
                 if watching is not None:
                     watching.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await watching
+                    # Whatever ended it, the depth gauge is never a reason for the run to fail.
+                    await asyncio.gather(watching, return_exceptions=True)
                 await self._drain(heartbeat)
         finally:
             # A heartbeat thread still inside a store call keeps its backend (it is a daemon).
