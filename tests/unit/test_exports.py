@@ -162,17 +162,36 @@ def test_importing_the_package_loads_only_the_exception_tree() -> None:
 
 
 def test_importing_the_package_loads_no_optional_extra() -> None:
-    """Neither ``import agentlease`` nor its queue load a driver or the dashboard's stack."""
+    """Neither ``import agentlease`` nor its queue load a driver, the dashboard's stack, the cron
+    parser or OpenTelemetry."""
     code = (
         "import sys, agentlease\n"
         "agentlease.Queue, agentlease.AsyncQueue, agentlease.connect\n"
-        "extras = ('redis', 'psycopg', 'starlette', 'uvicorn', 'jinja2', 'agentlease.dashboard')\n"
+        "extras = ('redis', 'psycopg', 'starlette', 'uvicorn', 'jinja2', 'agentlease.dashboard',"
+        " 'cronsim', 'opentelemetry', 'agentlease.otel')\n"
         "print(','.join(sorted(m for m in sys.modules if m.startswith(extras))))"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], check=True, capture_output=True, text=True, timeout=60
     )
     assert out.stdout.strip() == ""
+
+
+def test_a_queue_and_a_worker_load_no_opentelemetry_unless_instrumented() -> None:
+    """Metrics and traces are an extra: enqueueing, claiming and running a worker without
+    ``agentlease.otel.instrument()`` imports no OpenTelemetry module."""
+    code = (
+        "import sys, agentlease as al\n"
+        "q = al.Queue.connect('memory://')\n"
+        "q.enqueue('q', 1)\n"
+        "al.Worker(q, 'q', lambda ctx: None).run(burst=True, handle_signals=False)\n"
+        "otel = ('opentelemetry', 'agentlease.otel')\n"
+        "print(sorted(m for m in sys.modules if m.startswith(otel)))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], check=True, capture_output=True, text=True, timeout=60
+    )
+    assert out.stdout.split() == ["[]"]
 
 
 def test_every_public_name_but_the_errors_is_imported_on_first_use() -> None:
