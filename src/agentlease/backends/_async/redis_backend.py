@@ -47,6 +47,7 @@ from agentlease._records import (
     QueueStats,
     Reaped,
     Task,
+    WorkerInfo,
 )
 from agentlease.backends import _redis_tls, _redis_url
 from agentlease.backends._async.redis_keys import RedisKeys
@@ -62,6 +63,8 @@ from agentlease.backends.lua import (
     reaped_from,
     store_time,
     task_from,
+    worker_keys,
+    workers_from,
 )
 from agentlease.errors import LeaseLost, UnknownQueue, UnknownTask
 
@@ -183,7 +186,7 @@ class AsyncRedisBackend(RedisKeys, RedisState):
         seconds, micros, expires, jobs, reaped = await self._link.script(
             "claim",
             queue_keys(self._prefix, queue).claim,
-            (claim_terms(n, terms, CAP), tokens),
+            (claim_terms(n, terms, CAP), tokens, terms.holder or ""),
             retry=False,
         )
         now = store_time(seconds, micros)
@@ -326,6 +329,21 @@ class AsyncRedisBackend(RedisKeys, RedisState):
         if reply is None:
             raise UnknownQueue(queue)
         return lease_infos_from(reply)
+
+    async def register_worker(self, worker_id: str, info_json: bytes, ttl: float) -> float:
+        keys = worker_keys(self._prefix)
+        reply = await self._link.script(
+            "workers_register", keys, (worker_id, info_json, repr(float(ttl))), retry=True
+        )
+        return float(reply)
+
+    async def workers(self) -> list[WorkerInfo]:
+        reply = await self._link.script("workers_list", worker_keys(self._prefix), (), retry=True)
+        return workers_from(reply)
+
+    async def unregister_worker(self, worker_id: str) -> bool:
+        keys = worker_keys(self._prefix)
+        return bool(await self._link.script("workers_unregister", keys, (worker_id,), retry=True))
 
     async def dead(self, queue: str, limit: int) -> list[Task]:
         reply = await self._link.script(
