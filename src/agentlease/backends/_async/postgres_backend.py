@@ -64,6 +64,7 @@ from agentlease._records import (
     QueueStats,
     Reaped,
     Task,
+    WorkerInfo,
     renewed_leases,
 )
 from agentlease.backends import _postgres_driver as pg
@@ -413,8 +414,8 @@ class AsyncPostgresBackend(PostgresKeys, PostgresState):
         if not rows:
             raise UnknownQueue(queue)
         return [
-            LeaseInfo(task_id, attempt, now - leased_at, expires_at - now, reclaims, failures)
-            for now, task_id, attempt, leased_at, expires_at, reclaims, failures in rows
+            LeaseInfo(task_id, attempt, now - leased_at, expires_at - now, reclaims, failures, who)
+            for now, task_id, attempt, leased_at, expires_at, reclaims, failures, who in rows
             if task_id is not None
         ]
 
@@ -436,6 +437,18 @@ class AsyncPostgresBackend(PostgresKeys, PostgresState):
         if not exists:
             raise UnknownQueue(queue)
         return int(requeued)
+
+    async def register_worker(self, worker_id: str, info_json: bytes, ttl: float) -> float:
+        params = {"id": worker_id, "info": info_json, "ttl": ttl}
+        ((expires_at,),) = await self._fetch(Q["worker_register"], params)
+        return float(expires_at)
+
+    async def workers(self) -> list[WorkerInfo]:
+        rows = await self._fetch(Q["workers"])
+        return [WorkerInfo(w, bytes(info), beat, until) for w, info, beat, until in rows]
+
+    async def unregister_worker(self, worker_id: str) -> bool:
+        return await self._write(Q["worker_unregister"], {"id": worker_id}) == 1
 
     async def wait_for_work(self, queue: str, timeout: float) -> None:
         """Return when ``queue`` is notified (LISTEN/NOTIFY) or after ``timeout`` seconds."""
@@ -483,6 +496,7 @@ def _claim_params(queue: str, n: int, terms: LeaseTerms) -> dict[str, Any]:
         "max_total": terms.max_total,
         "progress_timeout": terms.progress_timeout,
         "front": terms.reap_front,
+        "holder": terms.holder,
     }
 
 

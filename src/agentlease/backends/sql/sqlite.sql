@@ -210,15 +210,15 @@ END;
 -- Run after the schema, as one statement. A lease ended (complete, fail, release, a reap): end
 -- its attempt, the outcome told by what the statement changed: done; a failure (failures + 1,
 -- with the error's type); a reap (reclaims + 1): expired; back to queued otherwise: released.
--- The time is the task's finished_at when the statement set it, else the clock now (julianday:
--- milliseconds), never before the lease began.
+-- The time is the task's finished_at when the statement finished it, else the clock now
+-- (julianday: milliseconds), never before the lease began.
 CREATE TRIGGER IF NOT EXISTS agentlease_attempt_close
 AFTER UPDATE OF state ON agentlease_tasks
 WHEN OLD.state = 'leased' AND NEW.state <> 'leased'
 BEGIN
     UPDATE agentlease_attempts
-    SET ended = max(coalesce(NEW.finished_at, 0), coalesce(OLD.leased_at, 0),
-                    (julianday('now') - 2440587.5) * 86400.0),
+    SET ended = max(CASE WHEN NEW.state IN ('done', 'dead') THEN NEW.finished_at ELSE 0 END,
+                    coalesce(OLD.leased_at, 0), (julianday('now') - 2440587.5) * 86400.0),
         outcome = CASE WHEN NEW.state = 'done' THEN 'done'
                        WHEN NEW.failures > OLD.failures THEN 'failed'
                        WHEN NEW.reclaims > OLD.reclaims THEN 'expired'
