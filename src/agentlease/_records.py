@@ -494,7 +494,10 @@ def close_attempt(
     outcome: str,
     error: str | None = None,
 ) -> tuple[Attempt, ...]:
-    """The history with the running attempt numbered ``attempt`` ended (unchanged if none)."""
+    """The history with the running attempt numbered ``attempt`` ended (unchanged if none); a
+    failure whose error type is ``TaskTimeout`` ends it ``timed_out``."""
+    if outcome == "failed" and error == "TaskTimeout":
+        outcome = "timed_out"
     out = list(attempts)
     for i in range(len(out) - 1, -1, -1):
         a = out[i]
