@@ -4,6 +4,7 @@ step (number, worker, times on the store's clock, outcome, error type); the last
 
 from __future__ import annotations
 
+import itertools
 import time
 
 from agentlease import TaskTimeout
@@ -53,8 +54,9 @@ def test_every_ending_is_recorded_with_its_worker(store: Store) -> None:
     for a in attempts:
         assert a.ended is not None
         assert a.started <= a.ended
-    for earlier, later in zip(attempts, attempts[1:], strict=False):
-        assert earlier.ended is not None and earlier.ended <= later.started
+    for earlier, later in itertools.pairwise(attempts):
+        assert earlier.ended is not None
+        assert earlier.ended <= later.started
     assert [a.attempt for a in attempts] == [j.attempt for j in (j1, j2, j3, j4, j5)]
     assert attempts[-1].to_dict()["outcome"] == "done"
 
@@ -87,7 +89,8 @@ def test_complete_many_and_complete_and_claim_record_their_attempts(store: Store
     outcomes, claimed = q.complete_encoded_and_claim(
         [(j.lease, None) for j in more], Q, 2, holder="next"
     )
-    assert outcomes == [None, None] and claimed == []
+    assert outcomes == [None, None]
+    assert claimed == []
     for j in more:
         ((attempt),) = q.get(j.task_id).attempts
         assert (attempt.worker, attempt.outcome) == ("next", "done")

@@ -32,7 +32,8 @@ def test_register_list_refresh_lapse_and_unregister(store: Store) -> None:
     first = listed[0]
     assert orjson.loads(first.info_json) == info
     assert (first.host, first.pid, first.queues, first.concurrency) == ("h1", 11, [Q], 2)
-    assert first.tasks == [] and first.started == 1.0
+    assert first.tasks == []
+    assert first.started == 1.0
     assert first.beat_at <= first.expires_at == expires
 
     # A new registration replaces what the entry says and pushes its expiry on.
