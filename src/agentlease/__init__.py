@@ -93,6 +93,7 @@ if TYPE_CHECKING:
         reconcile,
     )
     from agentlease._records import (
+        Attempt,
         Enqueued,
         Job,
         KeyRecord,
@@ -105,6 +106,7 @@ if TYPE_CHECKING:
         TaskSpec,
         TaskState,
         Versioned,
+        WorkerInfo,
     )
     from agentlease._retry import retry
     from agentlease._scope import current_fence, current_key, idempotency_scope
@@ -163,6 +165,7 @@ _LAZY = {
     "PreferSource": "agentlease._reconcile",
     "Union": "agentlease._reconcile",
     "reconcile": "agentlease._reconcile",
+    "Attempt": "agentlease._records",
     "Enqueued": "agentlease._records",
     "Job": "agentlease._records",
     "KeyRecord": "agentlease._records",
@@ -175,6 +178,7 @@ _LAZY = {
     "TaskSpec": "agentlease._records",
     "TaskState": "agentlease._records",
     "Versioned": "agentlease._records",
+    "WorkerInfo": "agentlease._records",
     "current_fence": "agentlease._scope",
     "current_key": "agentlease._scope",
     "idempotency_scope": "agentlease._scope",
@@ -221,6 +225,7 @@ __all__ = [
     "AsyncSpendBudget",
     "AsyncSpendHold",
     "AsyncWorker",
+    "Attempt",
     "AuthenticationFailed",
     "Backend",
     "BackendError",
@@ -308,6 +313,7 @@ __all__ = [
     "Versioned",
     "Worker",
     "WorkerError",
+    "WorkerInfo",
     "WorkerSettings",
     "__version__",
     "call_timeout",

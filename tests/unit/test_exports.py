@@ -129,6 +129,8 @@ PUBLIC = {
     "Worker",
     "WorkerError",
     "WorkerSettings",
+    "Attempt",
+    "WorkerInfo",
     "__version__",
     "connect",
     "connect_async",
