@@ -298,11 +298,11 @@ def inspect(queue: str, limit: int, as_json: bool, url: str) -> None:
     table = Table(
         title=f"live leases of {queue}", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1)
     )
-    table.add_column("task id", style="bold", overflow="fold", min_width=10)
+    table.add_column("task id", style="bold", overflow="fold", min_width=8)
     for name in ("att", "held", "ends in", "recl", "fail"):
         table.add_column(name, justify="right", no_wrap=True)
-    table.add_column("holder", overflow="fold", min_width=12, max_width=24)
-    table.add_column("progress", overflow="ellipsis", no_wrap=True, min_width=8, max_width=18)
+    table.add_column("holder", overflow="fold", min_width=14, max_width=24)
+    table.add_column("progress", overflow="ellipsis", no_wrap=True, min_width=8, max_width=16)
     for info in leases:
         shown = progress[info.task_id]
         table.add_row(
