@@ -166,9 +166,10 @@ class Task:
     error_json: bytes | None = None
     partition: str | None = None
     context_json: bytes | None = None
-    attempts: tuple[Attempt, ...] = ()
+    attempts: tuple[Attempt, ...] = field(default=(), compare=False)
     """The task's last attempts (at most :data:`ATTEMPTS_KEPT`), oldest first, as ``get``
-    reads them; empty where a primitive returns a task without them (``fail``, ``dead``)."""
+    reads them; empty where a primitive returns a task without them (``fail``, ``dead``), so
+    they take no part in comparing two snapshots of a task."""
 
     @property
     def payload(self) -> JSON:
