@@ -938,6 +938,12 @@ class Worker:
         )
 
     @property
+    def id(self) -> str:
+        """This worker's id (``host:pid:random``), as ``agentlease workers`` lists it and as
+        the holder of its leases and attempts."""
+        return self._engine.id
+
+    @property
     def processed(self) -> int:
         """Jobs finished so far."""
         return self._engine.processed

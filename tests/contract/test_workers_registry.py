@@ -5,11 +5,14 @@ it, and ``inspect`` shows it."""
 
 from __future__ import annotations
 
+import os
+import socket
 import time
 
 import orjson
 import pytest
 
+import agentlease as al
 from agentlease.errors import InvalidDuration, InvalidInput
 from tests.conftest import Store
 
@@ -98,5 +101,46 @@ async def test_async_face_registers_and_records_holders(store: Store) -> None:
         await q.complete(job.lease, None)
         assert await q.unregister_worker("async:1:z") is True
         assert await q.workers() == []
+    finally:
+        await q.close()
+
+
+def test_a_worker_is_listed_while_it_runs_and_names_itself_on_its_claims(store: Store) -> None:
+    q = store.queue()
+    q.enqueue(Q, {"n": 1}, id="seen")
+    listed: list[list[str]] = []
+
+    def handler(ctx: al.JobContext) -> al.JSON:
+        listed.append([w.id for w in q.workers()])
+        return None
+
+    worker = al.Worker(q, Q, handler, settings=al.WorkerSettings(poll_interval=0.05))
+    assert worker.run(burst=True, handle_signals=False) == 1
+    assert listed == [[worker.id]]
+    host, pid, _ = worker.id.rsplit(":", 2)
+    assert (host, int(pid)) == (socket.gethostname(), os.getpid())
+    assert q.workers() == []  # removed at its stop
+    assert [(a.worker, a.outcome) for a in q.get("seen").attempts] == [(worker.id, "done")]
+
+
+async def test_an_async_worker_registers_with_its_queue_and_concurrency(store: Store) -> None:
+    q = store.aqueue()
+    try:
+        await q.enqueue(Q, None, id="async-seen")
+        entries: list[al.WorkerInfo] = []
+
+        async def handler(ctx: al.AsyncJobContext) -> al.JSON:
+            entries.extend(await q.workers())
+            return None
+
+        settings = al.WorkerSettings(concurrency=3, poll_interval=0.05)
+        worker = al.AsyncWorker(q, Q, handler, settings=settings)
+        await worker.run(burst=True, handle_signals=False)
+        (entry,) = entries
+        assert (entry.id, entry.queues, entry.concurrency) == (worker.id, [Q], 3)
+        assert entry.pid == os.getpid()
+        assert await q.workers() == []
+        (attempt,) = (await q.get("async-seen")).attempts
+        assert (attempt.worker, attempt.outcome) == (worker.id, "done")
     finally:
         await q.close()
