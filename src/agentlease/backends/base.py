@@ -195,7 +195,8 @@ class Backend(Protocol):
         ...
 
     def inspect(self, queue: str, limit: int) -> list[LeaseInfo]:
-        """Live leases of the queue, soonest expiry first; raises UnknownQueue."""
+        """Live leases of the queue, soonest expiry first, each with the holder its claim named;
+        raises UnknownQueue."""
         ...
 
     def dead(self, queue: str, limit: int) -> list[Task]:

@@ -5,7 +5,7 @@
 Atomicity: every primitive is ONE SQL statement (named in ``sql/postgres.sql``) on a pooled
 connection in autocommit mode, so each is its own transaction and one round trip:
 
-* ``claim`` calls ``agentlease_claim_context()`` (``sql/postgres_migrations``), which in one
+* ``claim`` calls ``agentlease_claim_holder()`` (``sql/postgres_migrations``), which in one
   transaction promotes due tasks, reaps expired leases, picks up to ``n`` ready tasks (``FOR
   UPDATE SKIP LOCKED`` + ``LIMIT``) and leases them with one ``UPDATE ... RETURNING``; each step
   sees the one before, so the task a claim reaps goes to the front and this same claim may lease
@@ -25,6 +25,12 @@ connection in autocommit mode, so each is its own transaction and one round trip
   lock first.
 * task contexts (migration ``0008_task_context``): a ``context`` JSON column written by enqueue
   only, returned by claim (in each job), get, dead and fail.
+* lease holders, attempt histories and live workers (migration ``0011_workers``): the claim
+  writes its holder into each leased row; two triggers record an attempt when a claim raises
+  ``attempt`` and end it when a lease ends (complete, fail, release, a reap), inside that
+  statement, in ``agentlease_attempts`` (the last 20 per task; ``get`` reads them). A worker's
+  entry is one row of ``agentlease_workers``, written (with a sweep of lapsed rows) by one
+  statement.
 * idempotency keys (migration ``0002_keys``) are one function call or statement each, in
   :mod:`.postgres_keys`; results and errors are ``bytea``, kept as the client's bytes.
 * versioned records, bounded counters and lock sets (migration ``0003_state``) are one function

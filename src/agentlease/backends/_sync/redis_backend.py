@@ -26,6 +26,11 @@ the same enqueue to the same queue (an id left reserved that way for a queue nob
 stays taken: enqueueing it elsewhere reports it as existing). A reservation made for a task the
 script did not create (its dedup key was taken) is dropped again.
 
+Attempts and workers. The scripts that claim or end a lease record the task's attempt in the
+queue's hash ``{<prefix>:<queue>}:a`` in that same script (the holder a claim names is the
+worker of its attempt; ``inspect`` reads it there). Live workers are one hash and one zset under
+the hash tag ``{<prefix>:workers}`` (one shard), each primitive one script.
+
 Version. Before its first call a backend reads ``<prefix>:layout``, the key layout's version
 (written on first use), and refuses a store written by a newer agentlease with
 :class:`~agentlease.errors.SchemaTooNew`; see :mod:`.redis_layout`.
