@@ -41,7 +41,9 @@ BEGIN
     ON CONFLICT (task_id, attempt) DO UPDATE
     SET worker = EXCLUDED.worker, started = EXCLUDED.started, ended = NULL, outcome = NULL,
         error = NULL;
-    DELETE FROM agentlease_attempts WHERE task_id = NEW.id AND attempt <= NEW.attempt - 20;
+    IF NEW.attempt > 20 THEN
+        DELETE FROM agentlease_attempts WHERE task_id = NEW.id AND attempt <= NEW.attempt - 20;
+    END IF;
     RETURN NULL;
 END
 $$;
