@@ -95,6 +95,7 @@ if TYPE_CHECKING:
         reconcile,
     )
     from agentlease._records import (
+        Attempt,
         Enqueued,
         Job,
         KeyRecord,
@@ -107,6 +108,7 @@ if TYPE_CHECKING:
         TaskSpec,
         TaskState,
         Versioned,
+        WorkerInfo,
     )
     from agentlease._retry import retry
     from agentlease._schedule import Schedule, Tick
@@ -170,6 +172,7 @@ _LAZY = {
     "PreferSource": "agentlease._reconcile",
     "Union": "agentlease._reconcile",
     "reconcile": "agentlease._reconcile",
+    "Attempt": "agentlease._records",
     "Enqueued": "agentlease._records",
     "Job": "agentlease._records",
     "KeyRecord": "agentlease._records",
@@ -182,6 +185,7 @@ _LAZY = {
     "TaskSpec": "agentlease._records",
     "TaskState": "agentlease._records",
     "Versioned": "agentlease._records",
+    "WorkerInfo": "agentlease._records",
     "current_fence": "agentlease._scope",
     "current_key": "agentlease._scope",
     "idempotency_scope": "agentlease._scope",
@@ -230,6 +234,7 @@ __all__ = [
     "AsyncSpendBudget",
     "AsyncSpendHold",
     "AsyncWorker",
+    "Attempt",
     "AuthenticationFailed",
     "Backend",
     "BackendError",
@@ -321,6 +326,7 @@ __all__ = [
     "Versioned",
     "Worker",
     "WorkerError",
+    "WorkerInfo",
     "WorkerSettings",
     "__version__",
     "call_timeout",

@@ -17,6 +17,9 @@ import orjson
 from agentlease._codec import JSON, decode
 
 __all__ = [
+    "ATTEMPTS_KEPT",
+    "Attempt",
+    "AttemptOutcome",
     "BreakerState",
     "BreakerStatus",
     "BudgetState",
@@ -38,7 +41,12 @@ __all__ = [
     "TaskSpec",
     "TaskState",
     "Versioned",
+    "WorkerInfo",
+    "attempts_from_json",
+    "close_attempt",
     "encode_context",
+    "error_type",
+    "open_attempt",
 ]
 
 TaskState = Literal["parked", "scheduled", "queued", "leased", "failed", "done", "dead"]
@@ -167,6 +175,10 @@ class Task:
     error_json: bytes | None = None
     partition: str | None = None
     context_json: bytes | None = None
+    attempts: tuple[Attempt, ...] = field(default=(), compare=False)
+    """The task's last attempts (at most :data:`ATTEMPTS_KEPT`), oldest first, as ``get``
+    reads them; empty where a primitive returns a task without them (``fail``, ``dead``), so
+    they take no part in comparing two snapshots of a task."""
 
     @property
     def payload(self) -> JSON:
@@ -352,12 +364,15 @@ class LeaseTerms:
         progress_timeout: if set, a lease not followed by progress within this many seconds is
             not extended past that point, so an alive-but-stuck holder is reaped.
         reap_front: whether tasks reaped by this claim go to the front of their priority.
+        holder: who claims (a worker's id, see :class:`WorkerInfo`): the store records it with
+            each lease it grants (``inspect`` shows it) and in the task's attempt history.
     """
 
     lease_for: float
     max_total: float
     progress_timeout: float | None = None
     reap_front: bool = True
+    holder: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -398,13 +413,202 @@ class LeaseInfo:
     expires_in: float
     reclaims: int
     failures: int
+    holder: str | None = None
+    """The worker that claimed the lease (its id: ``host:pid:...``), ``None`` if the claim
+    named none."""
+
+
+AttemptOutcome = Literal["done", "failed", "timed_out", "released", "expired"]
+"""How an attempt ended: ``done`` (completed), ``failed`` (raised; ``error`` names the type),
+``timed_out`` (failed with ``TaskTimeout``: it ran past its time limit), ``released`` (given
+back unrun, e.g. at shutdown), ``expired`` (its lease ran out and a reaper took the task back;
+the worker died or stalled). Other stores' or newer versions' outcomes pass through as
+stored."""
+
+ATTEMPTS_KEPT = 20
+"""How many attempts of a task the store keeps (the oldest are dropped first)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """One attempt (one claim) of a task, as the store recorded it.
+
+    Attributes:
+        attempt: the lease's fencing number.
+        worker: the id of the worker that claimed it (``None`` if the claim named none).
+        started: when it was claimed, on the store's clock.
+        ended: when it ended (``None`` while it runs).
+        outcome: how it ended (see :data:`AttemptOutcome`), ``None`` while it runs.
+        error: the error type of a failed attempt, else ``None``.
+    """
+
+    attempt: int
+    worker: str | None
+    started: float
+    ended: float | None = None
+    outcome: str | None = None
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, JSON]:
+        """The attempt as a JSON object."""
+        return {
+            "attempt": self.attempt,
+            "worker": self.worker,
+            "started": self.started,
+            "ended": self.ended,
+            "outcome": self.outcome,
+            "error": self.error,
+        }
+
+
+def _num(value: Any) -> float | None:
+    if value is None or value is False or value == "":
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def attempts_from_json(data: bytes | str | None) -> tuple[Attempt, ...]:
+    """A task's attempts from the JSON array a store keeps (objects with ``attempt``, ``worker``,
+    ``started``, ``ended``, ``outcome``, ``error``; times as numbers or decimal strings), sorted
+    by attempt. A failure whose error type is ``TaskTimeout`` reads as ``timed_out``."""
+    if not data:
+        return ()
+    try:
+        items = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return ()
+    if isinstance(items, dict):  # an empty Lua table encodes as {}
+        items = list(items.values())
+    out: list[Attempt] = []
+    for item in items if isinstance(items, list) else ():
+        if not isinstance(item, dict):
+            continue
+        number = _num(item.get("attempt"))
+        started = _num(item.get("started"))
+        if number is None or started is None:
+            continue
+        outcome = _text(item.get("outcome"))
+        error = _text(item.get("error"))
+        if outcome == "failed" and error == "TaskTimeout":
+            outcome = "timed_out"
+        out.append(
+            Attempt(
+                int(number),
+                _text(item.get("worker")),
+                started,
+                _num(item.get("ended")),
+                outcome,
+                error if outcome in ("failed", "timed_out") else None,
+            )
+        )
+    out.sort(key=lambda a: a.attempt)
+    return tuple(out[-ATTEMPTS_KEPT:])
+
+
+def error_type(error_json: bytes | None) -> str | None:
+    """The ``type`` of a recorded error (``{"type": ..., "message": ...}``), else ``None``."""
+    value = _context(error_json)
+    kind = value.get("type")
+    return kind if isinstance(kind, str) and kind else None
+
+
+def open_attempt(
+    attempts: tuple[Attempt, ...], attempt: int, worker: str | None, now: float
+) -> tuple[Attempt, ...]:
+    """The history with a new running attempt, the oldest dropped past :data:`ATTEMPTS_KEPT`."""
+    return (*attempts, Attempt(attempt, worker, now))[-ATTEMPTS_KEPT:]
+
+
+def close_attempt(
+    attempts: tuple[Attempt, ...],
+    attempt: int,
+    now: float,
+    outcome: str,
+    error: str | None = None,
+) -> tuple[Attempt, ...]:
+    """The history with the running attempt numbered ``attempt`` ended (unchanged if none); a
+    failure whose error type is ``TaskTimeout`` ends it ``timed_out``."""
+    if outcome == "failed" and error == "TaskTimeout":
+        outcome = "timed_out"
+    out = list(attempts)
+    for i in range(len(out) - 1, -1, -1):
+        a = out[i]
+        if a.attempt == attempt and a.ended is None:
+            out[i] = Attempt(a.attempt, a.worker, a.started, now, outcome, error)
+            break
+    return tuple(out)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerInfo:
+    """A live worker as the store lists it: what it registered, and when its entry lapses.
+
+    Attributes:
+        id: the worker's id (unique: ``host:pid:<random>``).
+        info_json: what it registered (JSON object: ``host``, ``pid``, ``queues``,
+            ``concurrency``, ``started``, ``tasks``), kept as the bytes it sent.
+        beat_at: its last registration (heartbeat), on the store's clock.
+        expires_at: when its entry lapses unless it registers again, on the store's clock.
+    """
+
+    id: str
+    info_json: bytes
+    beat_at: float
+    expires_at: float
+
+    @property
+    def info(self) -> dict[str, Any]:
+        """What the worker registered, decoded (``{}`` if it was not a JSON object)."""
+        return _context(self.info_json)
+
+    @property
+    def host(self) -> str:
+        """The worker's host name."""
+        return str(self.info.get("host", ""))
+
+    @property
+    def pid(self) -> int:
+        """The worker's process id (0 if unknown)."""
+        pid = self.info.get("pid")
+        return pid if isinstance(pid, int) else 0
+
+    @property
+    def queues(self) -> list[str]:
+        """The queues it serves."""
+        queues = self.info.get("queues")
+        return [q for q in queues if isinstance(q, str)] if isinstance(queues, list) else []
+
+    @property
+    def concurrency(self) -> int:
+        """How many tasks it runs at once."""
+        value = self.info.get("concurrency")
+        return value if isinstance(value, int) else 0
+
+    @property
+    def started(self) -> float | None:
+        """When it started (its own clock, seconds since the epoch)."""
+        return _num(self.info.get("started"))
+
+    @property
+    def tasks(self) -> list[str]:
+        """The ids of the tasks in its hands at its last registration."""
+        tasks = self.info.get("tasks")
+        return [t for t in tasks if isinstance(t, str)] if isinstance(tasks, list) else []
 
 
 def task_from_row(row: Sequence[Any]) -> Task:
     """A :class:`Task` from a SQL row of its columns in the order the backends select them:
     id, queue, state, priority, payload, attempt, reclaims, failures, max_reclaims, created_at,
     run_at, dedup_key, leased_at, expires_at, finished_at, progress, checkpoint, result, error,
-    and optionally partition and context."""
+    and optionally partition, context and the attempts (a JSON array, see
+    :func:`attempts_from_json`)."""
     return Task(
         id=row[0],
         queue=row[1],
@@ -427,6 +631,7 @@ def task_from_row(row: Sequence[Any]) -> Task:
         error_json=row[18],
         partition=row[19] if len(row) > 19 else None,
         context_json=None if len(row) <= 20 or row[20] is None else bytes(row[20]),
+        attempts=attempts_from_json(row[21]) if len(row) > 21 else (),
     )
 
 

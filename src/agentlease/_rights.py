@@ -113,6 +113,10 @@ WORKER_TABLES: dict[str, tuple[str, ...]] = {
     "agentlease_locks": ("SELECT", "INSERT", "UPDATE"),
     "agentlease_budgets": ("SELECT", "INSERT", "UPDATE"),
     "agentlease_breakers": ("SELECT", "INSERT", "UPDATE"),
+    # Attempt histories, written by the triggers of migration 11 inside the worker's own
+    # statements (old attempts deleted past the last 20), and the live workers' entries.
+    "agentlease_attempts": ("SELECT", "INSERT", "UPDATE", "DELETE"),
+    "agentlease_workers": ("SELECT", "INSERT", "UPDATE", "DELETE"),
 }
 """The worker role's privileges on each table of the schema (UPDATE covers row locks too)."""
 
@@ -125,7 +129,7 @@ WORKER_FUNCTIONS = (
     "agentlease_breaker_admit",
     "agentlease_breaker_record",
     "agentlease_breaker_wait",
-    "agentlease_claim_context",
+    "agentlease_claim_holder",
     "agentlease_complete_many",
     "agentlease_end_hold",
     "agentlease_enqueue_context",
@@ -148,8 +152,9 @@ WORKER_FUNCTIONS = (
 """The functions the worker role executes (directly, or from one another). Not granted:
 ``agentlease_claim`` (kept by migration 6 for clients of schema version 5),
 ``agentlease_claim_ranked`` and ``agentlease_enqueue`` (kept by migration 8 for clients of schema
-version 7) and the trigger function ``agentlease_partition_freed`` (a trigger needs no EXECUTE of
-whoever fires it)."""
+version 7), ``agentlease_claim_context`` (kept by migration 11 for clients before it) and the
+trigger functions ``agentlease_partition_freed``, ``agentlease_attempt_open`` and
+``agentlease_attempt_close`` (a trigger needs no EXECUTE of whoever fires it)."""
 
 _CREDENTIALS = ("user", "password", "sslpassword")
 DEFAULT_ROLE = "agentlease_worker"

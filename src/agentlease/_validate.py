@@ -118,6 +118,13 @@ def integer(value: object, what: str, *, low: int, high: int) -> int:
     return value
 
 
+def worker_id(value: object) -> str:
+    """A worker's id (a lease's holder): a str of 1 to 200 printable characters."""
+    if not isinstance(value, str) or not 0 < len(value) <= 200 or not value.isprintable():
+        raise InvalidInput("a worker id must be a str of 1 to 200 printable characters")
+    return value
+
+
 def partition(value: object) -> str:
     """Return ``value`` if it is a valid partition key (the rules of a task id)."""
     try:

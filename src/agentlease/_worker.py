@@ -57,6 +57,11 @@ queue latency) and each handler run (its span current in the handler's context, 
 handler's error if it raised), and reads its queue's stats once per ``stats_interval`` in a task
 of its own for the depth gauge. Without one, none of this runs.
 
+Live workers: a worker registers in the store when it starts (its id ``host:pid:random``, its
+queue, concurrency and the tasks in its hands; see :mod:`agentlease._registry`), again at every
+heartbeat interval, and removes its entry once a shutdown has drained; its claims name it as
+the holder of each lease and of each attempt the store records.
+
 Store errors: an unreachable store (:class:`~agentlease.errors.BackendUnavailable`), or any other
 failure of a claim, is logged (rate-limited, with the URL without its password) while the worker
 backs off with jitter and tries again. A store that refuses the worker for good
@@ -93,6 +98,7 @@ from agentlease._final_writes import FinalWrites
 from agentlease._heartbeat import Heartbeat, Held
 from agentlease._outage import Outage
 from agentlease._records import Job, Lease
+from agentlease._registry import Registration, new_worker_id
 from agentlease._scope import enter_task
 from agentlease._settings import WorkerSettings, heartbeat_interval
 from agentlease._sync.queue import Queue
@@ -177,6 +183,13 @@ class AsyncWorker:
         self._collecting = False  # a collection of returned sync handlers is scheduled
         self._events: EventDispatcher | None = None
         self._signals = 0
+        self._id = new_worker_id()
+
+    @property
+    def id(self) -> str:
+        """This worker's id (``host:pid:random``): its entry among the store's live workers and
+        the holder its claims record."""
+        return self._id
 
     def stop(self, *, force: bool = False) -> None:
         """Stop claiming and shut down gracefully; ``force`` skips the rest of the grace period.
@@ -239,7 +252,18 @@ class AsyncWorker:
             telemetry = _telemetry.current()
             if telemetry is not None:
                 watching = asyncio.create_task(self._watch_stats(telemetry))
+            registration = Registration(
+                self.queue,
+                self.id,
+                queues=[self.name],
+                concurrency=self.settings.concurrency,
+                every=self._interval,
+                ttl=max(self.queue.settings.lease_for, 3 * self._interval),
+                call_timeout=self._call_timeout,
+                tasks=lambda: [task_id for task_id, _ in self._running],
+            )
             try:
+                await registration.start()
                 await self._warn_if_unknown()
                 await self._claim_loop(heartbeat, threads, handler_queue, burst)
             except AgentLeaseError as exc:
@@ -258,7 +282,10 @@ class AsyncWorker:
                     watching.cancel()
                     # Whatever ended it, the depth gauge is never a reason for the run to fail.
                     await asyncio.gather(watching, return_exceptions=True)
-                await self._drain(heartbeat)
+                try:
+                    await self._drain(heartbeat)
+                finally:
+                    await registration.stop()
         finally:
             # A heartbeat thread still inside a store call keeps its backend (it is a daemon).
             ended = heartbeat is None or heartbeat.stop()
@@ -830,11 +857,11 @@ class AsyncWorker:
         with :meth:`_flush`'s retries, and the claim error is raised."""
         sending = self._take_done()
         if not sending:
-            return await self.queue.claim(self.name, want)
+            return await self.queue.claim(self.name, want, holder=self.id)
         try:
             async with asyncio.timeout(self._call_timeout):
                 outcomes, jobs = await self.queue.complete_encoded_and_claim(
-                    self._items(sending), self.name, want
+                    self._items(sending), self.name, want, holder=self.id
                 )
         except BackendRefused:
             self._done[:0] = sending  # the drain tries them once more
@@ -958,6 +985,12 @@ class Worker:
             handler,
             settings=settings,
         )
+
+    @property
+    def id(self) -> str:
+        """This worker's id (``host:pid:random``), as ``agentlease workers`` lists it and as
+        the holder of its leases and attempts."""
+        return self._engine.id
 
     @property
     def processed(self) -> int:

@@ -28,8 +28,9 @@ def _queue(url: str) -> None:
         queue.enqueue(name, {"n": 3}, partition="account:1")
         queue.enqueue(name, {"n": 4}, partition="account:1")  # parked behind n=3
         queue.enqueue_many(name, [{"n": 5}, {"n": 6}, {"n": 7}])
-        jobs = queue.claim(name, n=5)
+        jobs = queue.claim(name, n=5, holder="rights:1:abc")
         assert jobs, "nothing claimed"
+        assert {info.holder for info in queue.inspect(name)} == {"rights:1:abc"}
         queue.extend([job.lease for job in jobs])
         queue.progress(jobs[0].lease, {"step": 1}, checkpoint={"at": 1})
         queue.complete(jobs[0].lease, {"ok": True})
@@ -39,7 +40,7 @@ def _queue(url: str) -> None:
         assert queue.requeue_dead(name) == 1
         (job,) = queue.claim(name, n=1)
         queue.fail(job.lease, "again", retry_in=0)  # retried
-        queue.get(job.task_id)
+        assert [a.outcome for a in queue.get(job.task_id).attempts][-1] == "failed"
         queue.stats(name)
         queue.inspect(name)
         queue.dead(name)
@@ -57,6 +58,17 @@ def _queue(url: str) -> None:
         hourly = al.Schedule("rights", name, every=3600, grace=3600)
         (tick,) = al.Scheduler(queue, [hourly]).run_once()
         assert tick.created
+        _workers(queue)
+
+
+def _workers(queue: al.Queue) -> None:
+    """The live-worker registry: register (collecting a lapsed entry), list, unregister."""
+    gone, me = f"gone:{uuid.uuid4().hex}", f"rights:{uuid.uuid4().hex}"
+    queue.register_worker(gone, {"pid": 1}, ttl=0.05)
+    time.sleep(0.1)
+    queue.register_worker(me, {"pid": 2, "queues": [QUEUE]}, ttl=30)
+    assert me in [w.id for w in queue.workers()]
+    assert queue.unregister_worker(me)
 
 
 def _keys(url: str) -> None:
@@ -143,8 +155,10 @@ async def exercise_async(url: str) -> None:
         async def handler(ctx: al.AsyncJobContext) -> al.JSON:
             return {"n": ctx.payload}
 
-        await al.AsyncWorker(queue, "rights-async", handler).run(burst=True)
+        worker = al.AsyncWorker(queue, "rights-async", handler)
+        await worker.run(burst=True)
         assert (await queue.stats("rights-async")).counts == {"done": 1}
+        assert worker.id not in [w.id for w in await queue.workers()]  # removed at the stop
     async with al.AsyncIdempotency.connect(url) as keys:
         task = uuid.uuid4().hex
         act = await keys.begin("send", {"to": "ada"}, step="s", task_id=task)

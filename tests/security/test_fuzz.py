@@ -243,7 +243,12 @@ def test_enqueue_many_is_all_or_nothing(fuzz: Fuzz) -> None:
 
 def test_claim_and_reads(fuzz: Fuzz) -> None:
     drawn = st.tuples(
-        st.sampled_from(["claim", "get", "stats", "inspect", "dead", "requeue_dead", "reap"]),
+        st.sampled_from(
+            [
+                *("claim", "get", "stats", "inspect", "dead", "requeue_dead", "reap"),
+                *("claim_as", "register_worker", "unregister_worker"),
+            ]
+        ),
         s.names(),
         s.int_args(0, 3),
         st.one_of(st.none(), s.durations),
@@ -260,9 +265,14 @@ def test_claim_and_reads(fuzz: Fuzz) -> None:
             "dead": lambda: q.dead(name, limit=n),
             "requeue_dead": lambda: q.requeue_dead(name, [name]),
             "reap": lambda: q.reap(name),
+            "claim_as": lambda: q.claim("fuzz", n, lease_for=seconds, holder=name),
+            "register_worker": lambda: q.register_worker(
+                name, {"n": n}, ttl=5.0 if seconds is None else seconds
+            ),
+            "unregister_worker": lambda: q.unregister_worker(name),
         }
         got = fuzz.refused_or_works(calls[what], name)
-        if what == "claim" and isinstance(got, list):
+        if what in ("claim", "claim_as") and isinstance(got, list):
             for job in got:
                 q.release(job.lease)
 

@@ -130,6 +130,8 @@ PUBLIC = {
     "Worker",
     "WorkerError",
     "WorkerSettings",
+    "Attempt",
+    "WorkerInfo",
     "__version__",
     "connect",
     "connect_async",

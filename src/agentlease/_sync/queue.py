@@ -31,6 +31,7 @@ from agentlease._records import (
     Reaped,
     Task,
     TaskSpec,
+    WorkerInfo,
     encode_context,
 )
 from agentlease._settings import QueueSettings
@@ -247,13 +248,22 @@ class Queue:
 
     # -- consuming ------------------------------------------------------------------------------
 
-    def claim(self, queue: str, n: int = 1, *, lease_for: float | None = None) -> list[Job]:
+    def claim(
+        self,
+        queue: str,
+        n: int = 1,
+        *,
+        lease_for: float | None = None,
+        holder: str | None = None,
+    ) -> list[Job]:
         """Lease up to ``n`` ready tasks in one atomic step (reaping expired leases on the way).
 
         Args:
             queue: the queue's name (an unknown queue has nothing to claim).
             n: the most tasks to lease.
             lease_for: seconds until the leases expire unless extended (default: settings).
+            holder: who claims (a worker's id): recorded with each lease (``inspect`` shows it)
+                and in each task's attempt history.
 
         Returns:
             The leased jobs, highest priority first; empty when nothing is ready.
@@ -261,6 +271,8 @@ class Queue:
         terms = self._terms
         if lease_for is not None:
             terms = self.settings.terms(check.duration(lease_for, "lease_for"))
+        if holder is not None:
+            terms = replace(terms, holder=check.worker_id(holder))
         jobs, reaped = self.backend.claim(check.queue_name(queue), check.batch_size(n), terms)
         if reaped:
             self._emit_reaped(reaped)
@@ -328,14 +340,22 @@ class Queue:
         return outcomes
 
     def complete_encoded_and_claim(
-        self, items: Sequence[tuple[Lease, bytes | None]], queue: str, n: int
+        self,
+        items: Sequence[tuple[Lease, bytes | None]],
+        queue: str,
+        n: int,
+        *,
+        holder: str | None = None,
     ) -> tuple[list[LeaseLost | UnknownTask | None], list[Job]]:
         """:meth:`complete_encoded`, then :meth:`claim` of up to ``n`` tasks of ``queue``, in
         as few round trips as the store allows (one transaction on SQLite and PostgreSQL)."""
         for lease, _ in items:
             check.lease(lease)
+        terms = self._terms
+        if holder is not None:
+            terms = replace(terms, holder=check.worker_id(holder))
         outcomes, jobs, reaped = self.backend.complete_and_claim(
-            items, check.queue_name(queue), check.batch_size(n), self._terms
+            items, check.queue_name(queue), check.batch_size(n), terms
         )
         for (lease, _), outcome in zip(items, outcomes, strict=True):
             if isinstance(outcome, LeaseLost):
@@ -465,6 +485,32 @@ class Queue:
     def inspect(self, queue: str, *, limit: int = 100) -> list[LeaseInfo]:
         """Live leases, soonest expiry first; raises UnknownQueue."""
         return self.backend.inspect(check.queue_name(queue), check.batch_size(limit))
+
+    def register_worker(self, worker_id: str, info: dict[str, JSON], *, ttl: float) -> float:
+        """Write (or refresh) a live worker's entry, listed for ``ttl`` seconds on the store's
+        clock unless registered again; lapsed entries of other workers are collected.
+
+        Args:
+            worker_id: the worker's id (1 to 200 characters, e.g. ``host:pid:random``).
+            info: what :meth:`workers` shows of it: ``host``, ``pid``, ``queues``,
+                ``concurrency``, ``started``, ``tasks`` (JSON).
+            ttl: seconds the entry lives.
+
+        Returns:
+            When the entry lapses, on the store's clock.
+        """
+        data = encode(info, limit=self.settings.max_payload_bytes)
+        return self.backend.register_worker(
+            check.worker_id(worker_id), data, check.duration(ttl, "ttl")
+        )
+
+    def workers(self) -> list[WorkerInfo]:
+        """The live workers of the store (entries whose TTL has not passed), by id."""
+        return self.backend.workers()
+
+    def unregister_worker(self, worker_id: str) -> bool:
+        """Remove a worker's entry (a clean shutdown); whether it was there."""
+        return self.backend.unregister_worker(check.worker_id(worker_id))
 
     def dead(self, queue: str, *, limit: int = 100) -> list[Task]:
         """Dead-lettered tasks, most recent first; raises UnknownQueue."""

@@ -31,6 +31,7 @@ from agentlease._records import (
     RecordWrite,
     StateRecord,
     Task,
+    WorkerInfo,
 )
 from agentlease.errors import BackendUnavailable, LeaseLost, UnknownTask
 
@@ -212,6 +213,15 @@ class ThreadedAsyncBackend:
         self, key: str, fence: int, ok: bool, threshold: int, cooldown: float, ttl: float
     ) -> BreakerState:
         return await self._run(self._sync.breaker_record, key, fence, ok, threshold, cooldown, ttl)
+
+    async def register_worker(self, worker_id: str, info_json: bytes, ttl: float) -> float:
+        return await self._run(self._sync.register_worker, worker_id, info_json, ttl)
+
+    async def workers(self) -> list[WorkerInfo]:
+        return await self._run(self._sync.workers)
+
+    async def unregister_worker(self, worker_id: str) -> bool:
+        return await self._run(self._sync.unregister_worker, worker_id)
 
     async def close(self) -> None:
         if self._executor is None:

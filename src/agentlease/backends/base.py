@@ -33,6 +33,19 @@ task, so it survives retries, reclaims and ``requeue_dead``. A task without one 
 reads it: what a deadline means is decided above the seam (the worker's claim compares it with
 the lease's ``leased_at``).
 
+Attempt history. Every primitive that starts or ends a lease records it in the task's history
+in the same atomic step: a claim adds the attempt (its number, the claim's
+``LeaseTerms.holder``, the store's time), and ``complete``, ``fail``, ``release`` and a reap
+(inside ``claim`` or ``reap``) end it with its outcome (``done``, ``failed`` with the error's
+type, ``released``, ``expired``). The store keeps the last
+:data:`~agentlease._records.ATTEMPTS_KEPT` attempts of a task; ``get`` returns them
+(:attr:`~agentlease._records.Task.attempts`) and ``inspect`` each lease's holder.
+
+Live workers (``register_worker``, ``workers``, ``unregister_worker``): one entry per worker id,
+store-wide, with a TTL on the store's clock; a worker registers again on a timer (its
+heartbeat) and removes itself when it stops cleanly. An entry whose TTL has passed is not
+listed, and ``register_worker`` deletes such entries (a bounded number per call) in its step.
+
 Idempotency keys (``*_key`` primitives) live beside the tasks, one record per key, unique in the
 store. A key moves ``absent -> in_flight -> done | failed`` (or back to absent-like on release),
 each transition one atomic step. The holder of an in-flight reservation proves it with the
@@ -85,6 +98,7 @@ from agentlease._records import (
     RecordWrite,
     StateRecord,
     Task,
+    WorkerInfo,
 )
 from agentlease.errors import LeaseLost, UnknownTask
 
@@ -184,7 +198,8 @@ class Backend(Protocol):
         ...
 
     def inspect(self, queue: str, limit: int) -> list[LeaseInfo]:
-        """Live leases of the queue, soonest expiry first; raises UnknownQueue."""
+        """Live leases of the queue, soonest expiry first, each with the holder its claim named;
+        raises UnknownQueue."""
         ...
 
     def dead(self, queue: str, limit: int) -> list[Task]:
@@ -196,6 +211,22 @@ class Backend(Protocol):
 
         Returns how many were requeued. The attempt counter is kept, so fencing stays monotonic.
         """
+        ...
+
+    # -- live workers ----------------------------------------------------------------------------
+
+    def register_worker(self, worker_id: str, info_json: bytes, ttl: float) -> float:
+        """Write (or refresh) the worker's entry, live for ``ttl`` seconds on the store's clock,
+        and delete lapsed entries of other workers (at most a bounded number), in one atomic
+        step. Returns the entry's expiry."""
+        ...
+
+    def workers(self) -> list[WorkerInfo]:
+        """The live worker entries (TTL not passed), sorted by id."""
+        ...
+
+    def unregister_worker(self, worker_id: str) -> bool:
+        """Delete the worker's entry; whether it was there (live or not)."""
         ...
 
     # -- idempotency keys ------------------------------------------------------------------------
@@ -436,6 +467,9 @@ class AsyncBackend(Protocol):
     async def requeue_dead(
         self, queue: str, task_ids: Sequence[str] | None, front: bool
     ) -> int: ...
+    async def register_worker(self, worker_id: str, info_json: bytes, ttl: float) -> float: ...
+    async def workers(self) -> list[WorkerInfo]: ...
+    async def unregister_worker(self, worker_id: str) -> bool: ...
     async def reserve_key(
         self, key: str, fingerprint: str, holder: str, hold_for: float, window: float
     ) -> KeyHold | KeyRecord: ...

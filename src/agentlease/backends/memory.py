@@ -32,6 +32,10 @@ from agentlease._records import (
     Reaped,
     Task,
     TaskState,
+    WorkerInfo,
+    close_attempt,
+    error_type,
+    open_attempt,
 )
 from agentlease.backends._memory_keys import KeyTable, MemoryKeys
 from agentlease.backends._memory_state import MemoryState, StateTables
@@ -42,6 +46,7 @@ from agentlease.errors import LeaseLost, UnknownQueue, UnknownTask
 __all__ = ["MemoryBackend"]
 
 HOT = 5  # partitions listed as hot in stats
+WORKERS_SWEPT = 100  # lapsed worker entries deleted per register_worker
 
 
 @dataclass(slots=True)
@@ -82,6 +87,9 @@ class MemoryBackend(MemoryKeys, MemoryState):
         # Partitions: the busy tasks of each (queue, partition), and its parked tasks by sequence.
         self._busy: dict[tuple[str, str], set[str]] = {}
         self._parked: dict[tuple[str, str], list[tuple[int, str]]] = {}
+        # Live workers: id -> (info JSON, beat_at, expires_at); the holder of each lease.
+        self._workers: dict[str, tuple[bytes, float, float]] = {}
+        self._holders: dict[str, str | None] = {}
 
     # -- helpers (called with the lock held) ---------------------------------------------------
 
@@ -129,6 +137,7 @@ class MemoryBackend(MemoryKeys, MemoryState):
             reclaims = t.reclaims + 1
             outcome = reap_outcome(reclaims, t.max_reclaims)
             row.token = None
+            t = replace(t, attempts=close_attempt(t.attempts, t.attempt, now, "expired"))
             if outcome == "dead":
                 error = orjson.dumps(
                     {"type": "LeaseExpired", "message": f"lease expired {reclaims} times"}
@@ -279,8 +288,14 @@ class MemoryBackend(MemoryKeys, MemoryState):
                     now, terms.lease_for, row.deadline, now, terms.progress_timeout
                 )
                 row.task = replace(
-                    t, state="leased", attempt=t.attempt + 1, leased_at=now, expires_at=expires
+                    t,
+                    state="leased",
+                    attempt=t.attempt + 1,
+                    leased_at=now,
+                    expires_at=expires,
+                    attempts=open_attempt(t.attempts, t.attempt + 1, terms.holder, now),
                 )
+                self._holders[task_id] = terms.holder
                 self._set_lease(lane, row)
                 lease = Lease(task_id, queue, row.token, t.attempt + 1, now, expires)
                 jobs.append(
@@ -321,8 +336,14 @@ class MemoryBackend(MemoryKeys, MemoryState):
             now = self._clock()
             row = self._fenced(lease, now)
             row.token = None
+            t = row.task
             row.task = replace(
-                row.task, state="done", result_json=result_json, finished_at=now, expires_at=None
+                t,
+                state="done",
+                result_json=result_json,
+                finished_at=now,
+                expires_at=None,
+                attempts=close_attempt(t.attempts, t.attempt, now, "done"),
             )
             self._finished(row, now)
 
@@ -354,6 +375,12 @@ class MemoryBackend(MemoryKeys, MemoryState):
             row = self._fenced(lease, now)
             row.token = None
             t = row.task
+            t = replace(
+                t,
+                attempts=close_attempt(
+                    t.attempts, t.attempt, now, "failed", error_type(error_json)
+                ),
+            )
             if retry_in is None:
                 row.task = replace(
                     t,
@@ -374,7 +401,7 @@ class MemoryBackend(MemoryKeys, MemoryState):
                     expires_at=None,
                 )
                 heapq.heappush(self._lanes[t.queue].waiting, (row.task.run_at, t.id))
-            return row.task
+            return replace(row.task, attempts=())
 
     def release(self, lease: Lease, front: bool) -> None:
         with self._lock:
@@ -386,7 +413,13 @@ class MemoryBackend(MemoryKeys, MemoryState):
             else:
                 self._seq += 1
                 row.seq = self._seq
-            row.task = replace(row.task, state="queued", expires_at=None)
+            t = row.task
+            row.task = replace(
+                t,
+                state="queued",
+                expires_at=None,
+                attempts=close_attempt(t.attempts, t.attempt, now, "released"),
+            )
             self._push_ready(self._lanes[row.task.queue], row)
 
     def progress(
@@ -464,6 +497,7 @@ class MemoryBackend(MemoryKeys, MemoryState):
                     (t.expires_at or now) - now,
                     t.reclaims,
                     t.failures,
+                    self._holders.get(t.id),
                 )
                 for t in live[:limit]
             ]
@@ -474,7 +508,7 @@ class MemoryBackend(MemoryKeys, MemoryState):
             rows = [r.task for r in self._rows.values() if r.task.queue == queue]
             dead = [t for t in rows if t.state == "dead"]
             dead.sort(key=lambda t: (-(t.finished_at or 0.0), t.id))
-            return dead[:limit]
+            return [replace(t, attempts=()) for t in dead[:limit]]
 
     def requeue_dead(self, queue: str, task_ids: Sequence[str] | None, front: bool) -> int:
         with self._lock:
@@ -500,6 +534,28 @@ class MemoryBackend(MemoryKeys, MemoryState):
                     self._start(lane, row, now)
                 count += 1
             return count
+
+    def register_worker(self, worker_id: str, info_json: bytes, ttl: float) -> float:
+        with self._lock:
+            now = self._clock()
+            lapsed = [w for w, (_, _, until) in self._workers.items() if until <= now]
+            for w in lapsed[:WORKERS_SWEPT]:
+                del self._workers[w]
+            self._workers[worker_id] = (info_json, now, now + ttl)
+            return now + ttl
+
+    def workers(self) -> list[WorkerInfo]:
+        with self._lock:
+            now = self._clock()
+            return [
+                WorkerInfo(w, info, beat, until)
+                for w, (info, beat, until) in sorted(self._workers.items())
+                if until > now
+            ]
+
+    def unregister_worker(self, worker_id: str) -> bool:
+        with self._lock:
+            return self._workers.pop(worker_id, None) is not None
 
     def close(self) -> None:
         """Nothing to release: the tasks live as long as this object."""

@@ -14,6 +14,12 @@ busy, checked per row inside their one transaction (so an earlier task of the sa
 the trigger ``agentlease_unpark`` starts a partition's next task inside whichever statement
 finishes its last busy task (complete, fail, a reap past max_reclaims), so that step stays one.
 
+Attempt history (schema version 10): the triggers ``agentlease_attempt_open`` and
+``agentlease_attempt_close`` write a task's attempts (table ``agentlease_attempts``, the last 20)
+inside the statement that claims or ends its lease, whatever the path; the claim writes its
+holder into the task's row for them (and for ``inspect``). Live workers are rows of
+``agentlease_workers``.
+
 Versions: ``PRAGMA user_version`` is the schema's version (:data:`SCHEMA_VERSION`). An older
 database is upgraded when opened; a newer one (written by a newer agentlease) is refused with
 :class:`~agentlease.errors.SchemaTooNew` before anything is written to it.
@@ -51,6 +57,7 @@ from agentlease._records import (
     QueueStats,
     Reaped,
     Task,
+    WorkerInfo,
     renewed_leases,
     task_from_row,
 )
@@ -76,8 +83,9 @@ Q = queries("agentlease.backends.sql", "sqlite.sql")
 # deadline). The schema is all "IF NOT EXISTS", so a database at an older version is brought up
 # to date by running it again, after the upgrade_to_<version> steps that change tables it already
 # has (versions 5 and 6 only add tables: they need none; version 7 adds a column, NULL for the
-# tasks already there).
-SCHEMA_VERSION = 7
+# tasks already there). 10: the holder of each lease (a column), the attempt history and live
+# workers (tables), and the triggers that write the history.
+SCHEMA_VERSION = 10
 
 
 def _translate(path: str, exc: sqlite3.Error) -> BackendError:
@@ -246,6 +254,8 @@ class SQLiteBackend(SQLiteKeys, SQLiteState):
                     if statement.strip():
                         db.execute(statement)
                 db.execute(Q["unpark_trigger"])
+                db.execute(Q["attempt_open_trigger"])
+                db.execute(Q["attempt_close_trigger"])
                 db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
             db.execute("COMMIT")
         except BaseException:
@@ -368,6 +378,7 @@ class SQLiteBackend(SQLiteKeys, SQLiteState):
                 "expires_at": expires,
                 "deadline": deadline,
                 "progress_timeout": terms.progress_timeout,
+                "holder": terms.holder,
             },
         ).fetchall()
         rows.sort(key=lambda r: (-r[5], r[8]))
@@ -496,8 +507,8 @@ class SQLiteBackend(SQLiteKeys, SQLiteState):
             now = time.time()
             rows = db.execute(Q["inspect"], {"queue": queue, "now": now, "limit": limit}).fetchall()
         return [
-            LeaseInfo(task_id, attempt, now - leased_at, expires_at - now, reclaims, failures)
-            for task_id, attempt, leased_at, expires_at, reclaims, failures in rows
+            LeaseInfo(task_id, attempt, now - leased_at, expires_at - now, reclaims, failures, who)
+            for task_id, attempt, leased_at, expires_at, reclaims, failures, who in rows
         ]
 
     def dead(self, queue: str, limit: int) -> list[Task]:
@@ -517,6 +528,23 @@ class SQLiteBackend(SQLiteKeys, SQLiteState):
                 new_seq = front_seq(seq) if front else self._next_seq(db, queue)
                 db.execute(Q["requeue_dead"], {"id": task_id, "seq": new_seq, "now": now})
             return len(chosen)
+
+    def register_worker(self, worker_id: str, info_json: bytes, ttl: float) -> float:
+        with self._step(write=True) as db:
+            now = time.time()
+            db.execute(Q["worker_sweep"], {"now": now})
+            params = {"id": worker_id, "info": info_json, "now": now, "expires_at": now + ttl}
+            db.execute(Q["worker_register"], params)
+        return now + ttl
+
+    def workers(self) -> list[WorkerInfo]:
+        with self._step(write=False) as db:
+            rows = db.execute(Q["workers"], {"now": time.time()}).fetchall()
+        return [WorkerInfo(w, bytes(info), beat, until) for w, info, beat, until in rows]
+
+    def unregister_worker(self, worker_id: str) -> bool:
+        with self._step(write=False) as db:
+            return bool(db.execute(Q["worker_unregister"], {"id": worker_id}).rowcount)
 
     def close(self) -> None:
         with self._lock:

@@ -56,6 +56,7 @@ COMMANDS = {
     "show": "agentlease.cli.show",
     "stats": "agentlease.cli.admin",
     "worker": "agentlease.cli.work",
+    "workers": "agentlease.cli.admin",
 }
 
 

@@ -5,7 +5,7 @@
 Atomicity: every primitive is ONE SQL statement (named in ``sql/postgres.sql``) on a pooled
 connection in autocommit mode, so each is its own transaction and one round trip:
 
-* ``claim`` calls ``agentlease_claim_context()`` (``sql/postgres_migrations``), which in one
+* ``claim`` calls ``agentlease_claim_holder()`` (``sql/postgres_migrations``), which in one
   transaction promotes due tasks, reaps expired leases, picks up to ``n`` ready tasks (``FOR
   UPDATE SKIP LOCKED`` + ``LIMIT``) and leases them with one ``UPDATE ... RETURNING``; each step
   sees the one before, so the task a claim reaps goes to the front and this same claim may lease
@@ -25,6 +25,12 @@ connection in autocommit mode, so each is its own transaction and one round trip
   lock first.
 * task contexts (migration ``0008_task_context``): a ``context`` JSON column written by enqueue
   only, returned by claim (in each job), get, dead and fail.
+* lease holders, attempt histories and live workers (migration ``0011_workers``): the claim
+  writes its holder into each leased row; two triggers record an attempt when a claim raises
+  ``attempt`` and end it when a lease ends (complete, fail, release, a reap), inside that
+  statement, in ``agentlease_attempts`` (the last 20 per task; ``get`` reads them). A worker's
+  entry is one row of ``agentlease_workers``, written (with a sweep of lapsed rows) by one
+  statement.
 * idempotency keys (migration ``0002_keys``) are one function call or statement each, in
   :mod:`.postgres_keys`; results and errors are ``bytea``, kept as the client's bytes.
 * versioned records, bounded counters and lock sets (migration ``0003_state``) are one function
@@ -66,6 +72,7 @@ from agentlease._records import (
     QueueStats,
     Reaped,
     Task,
+    WorkerInfo,
     renewed_leases,
 )
 from agentlease.backends import _postgres_driver as pg
@@ -415,8 +422,8 @@ class PostgresBackend(PostgresKeys, PostgresState):
         if not rows:
             raise UnknownQueue(queue)
         return [
-            LeaseInfo(task_id, attempt, now - leased_at, expires_at - now, reclaims, failures)
-            for now, task_id, attempt, leased_at, expires_at, reclaims, failures in rows
+            LeaseInfo(task_id, attempt, now - leased_at, expires_at - now, reclaims, failures, who)
+            for now, task_id, attempt, leased_at, expires_at, reclaims, failures, who in rows
             if task_id is not None
         ]
 
@@ -438,6 +445,18 @@ class PostgresBackend(PostgresKeys, PostgresState):
         if not exists:
             raise UnknownQueue(queue)
         return int(requeued)
+
+    def register_worker(self, worker_id: str, info_json: bytes, ttl: float) -> float:
+        params = {"id": worker_id, "info": info_json, "ttl": ttl}
+        ((expires_at,),) = self._fetch(Q["worker_register"], params)
+        return float(expires_at)
+
+    def workers(self) -> list[WorkerInfo]:
+        rows = self._fetch(Q["workers"])
+        return [WorkerInfo(w, bytes(info), beat, until) for w, info, beat, until in rows]
+
+    def unregister_worker(self, worker_id: str) -> bool:
+        return self._write(Q["worker_unregister"], {"id": worker_id}) == 1
 
     def wait_for_work(self, queue: str, timeout: float) -> None:
         """Return when ``queue`` is notified (LISTEN/NOTIFY) or after ``timeout`` seconds."""
@@ -485,6 +504,7 @@ def _claim_params(queue: str, n: int, terms: LeaseTerms) -> dict[str, Any]:
         "max_total": terms.max_total,
         "progress_timeout": terms.progress_timeout,
         "front": terms.reap_front,
+        "holder": terms.holder,
     }
 
 

@@ -26,6 +26,11 @@ the same enqueue to the same queue (an id left reserved that way for a queue nob
 stays taken: enqueueing it elsewhere reports it as existing). A reservation made for a task the
 script did not create (its dedup key was taken) is dropped again.
 
+Attempts and workers. The scripts that claim or end a lease record the task's attempt in the
+queue's hash ``{<prefix>:<queue>}:a`` in that same script (the holder a claim names is the
+worker of its attempt; ``inspect`` reads it there). Live workers are one hash and one zset under
+the hash tag ``{<prefix>:workers}`` (one shard), each primitive one script.
+
 Version. Before its first call a backend reads ``<prefix>:layout``, the key layout's version
 (written on first use), and refuses a store written by a newer agentlease with
 :class:`~agentlease.errors.SchemaTooNew`; see :mod:`.redis_layout`.
@@ -49,6 +54,7 @@ from agentlease._records import (
     QueueStats,
     Reaped,
     Task,
+    WorkerInfo,
 )
 from agentlease.backends import _redis_tls, _redis_url
 from agentlease.backends._sync.redis_keys import RedisKeys
@@ -64,6 +70,8 @@ from agentlease.backends.lua import (
     reaped_from,
     store_time,
     task_from,
+    worker_keys,
+    workers_from,
 )
 from agentlease.errors import LeaseLost, UnknownQueue, UnknownTask
 
@@ -185,7 +193,7 @@ class RedisBackend(RedisKeys, RedisState):
         seconds, micros, expires, jobs, reaped = self._link.script(
             "claim",
             queue_keys(self._prefix, queue).claim,
-            (claim_terms(n, terms, CAP), tokens),
+            (claim_terms(n, terms, CAP), tokens, terms.holder or ""),
             retry=False,
         )
         now = store_time(seconds, micros)
@@ -328,6 +336,21 @@ class RedisBackend(RedisKeys, RedisState):
         if reply is None:
             raise UnknownQueue(queue)
         return lease_infos_from(reply)
+
+    def register_worker(self, worker_id: str, info_json: bytes, ttl: float) -> float:
+        keys = worker_keys(self._prefix)
+        reply = self._link.script(
+            "workers_register", keys, (worker_id, info_json, repr(float(ttl))), retry=True
+        )
+        return float(reply)
+
+    def workers(self) -> list[WorkerInfo]:
+        reply = self._link.script("workers_list", worker_keys(self._prefix), (), retry=True)
+        return workers_from(reply)
+
+    def unregister_worker(self, worker_id: str) -> bool:
+        keys = worker_keys(self._prefix)
+        return bool(self._link.script("workers_unregister", keys, (worker_id,), retry=True))
 
     def dead(self, queue: str, limit: int) -> list[Task]:
         reply = self._link.script(

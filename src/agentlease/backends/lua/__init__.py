@@ -26,6 +26,11 @@ on one Redis Cluster shard and every script is given all the keys it touches:
 ``{p:q}:e``                 hash: task id -> last error JSON, when set
 ``{p:q}:x``                 hash: task id -> its context JSON (root task, deadline), for the
                             tasks enqueued with one; absent while no task of the queue had one
+``{p:q}:a``                 hash: task id -> its attempt history, a JSON array of its last 20
+                            attempts (number, worker, started, ended, outcome, error type),
+                            written by the scripts that claim or end a lease (see
+                            ``attempt_open`` in ``_lib.lua``); the worker of a live lease's
+                            attempt is its holder
 ``{p:q}:n``                 hash: the sequence counter, the count of failed tasks (the
                             other counts are sizes of hashes and ZSETs: ``stats`` is O(1)),
                             and ``wake``: a time no later than any score of ``:w`` and any
@@ -76,6 +81,10 @@ on one Redis Cluster shard and every script is given all the keys it touches:
                             the expired)
 ``{p:locks}:fence``         hash: lock name -> last fencing token (kept: tokens only rise)
 ``{p:locks}:freed``         hash: lock name -> request nonce of the release that freed it last
+``{p:workers}:info``        hash: worker id -> its registration (JSON), and ``{p:workers}:ttl``
+                            zset: worker id -> when its entry lapses (both under one hash tag,
+                            so ``workers_*`` scripts touch one shard; lapsed entries are not
+                            listed, and ``workers_register`` deletes them)
 =========================== ================================================================
 
 A queued task with a small payload costs about 500 bytes of Redis memory in all (its record,
@@ -108,6 +117,8 @@ from agentlease._records import (
     StateRecord,
     Task,
     TaskState,
+    WorkerInfo,
+    attempts_from_json,
 )
 
 __all__ = [
@@ -134,6 +145,8 @@ __all__ = [
     "state_record_from",
     "store_time",
     "task_from",
+    "worker_keys",
+    "workers_from",
 ]
 
 NAMES = (
@@ -172,6 +185,9 @@ NAMES = (
     "retry_budget",
     "breaker_admit",
     "breaker_record",
+    "workers_register",
+    "workers_list",
+    "workers_unregister",
 )
 # Files of helpers, in the order their sections are prepended.
 LIBS = ("_lib.lua", "_keys.lua", "_state.lua")
@@ -351,20 +367,21 @@ def queue_keys(prefix: str, queue: str) -> QueueKeys:
     t, p, r, g, c, e, n, q, w, i, d, k = (tag + s for s in "tprgcenqwldk")
     pb, pk, ph = tag + "pb", tag + "pk", tag + "ph"  # partitions: busy, parked, hot
     x = tag + "x"  # task contexts
+    a = tag + "a"  # attempt histories
     return QueueKeys(
         enqueue=(t, p, n, q, w, i, k, pb, pk, ph, x),
-        claim=(t, p, c, e, n, q, w, i, d, pb, pk, ph, x),
+        claim=(t, p, c, e, n, q, w, i, d, pb, pk, ph, x, a),
         extend=(t, n, i),
-        complete=(t, r, i, n, q, w, pb, pk, ph),
-        complete_many=(t, r, i, n, q, w, pb, pk, ph),
-        fail=(t, p, r, g, c, e, n, i, w, d, q, pb, pk, ph, x),
-        release=(t, n, i, q),
+        complete=(t, r, i, n, q, w, pb, pk, ph, a),
+        complete_many=(t, r, i, n, q, w, pb, pk, ph, a),
+        fail=(t, p, r, g, c, e, n, i, w, d, q, pb, pk, ph, x, a),
+        release=(t, n, i, q, a),
         progress=(t, g, c),
-        reap=(t, e, n, q, i, d, w, pb, pk, ph),
+        reap=(t, e, n, q, i, d, w, pb, pk, ph, a),
         requeue_dead=(t, n, q, i, d, pb, pk, ph),
-        get=(t, p, r, g, c, e, x),
+        get=(t, p, r, g, c, e, x, a),
         stats=(t, n, q, w, i, d, pk, ph),
-        inspect=(t, n, i),
+        inspect=(t, n, i, a),
         dead=(t, p, r, g, c, e, n, d, x),
     )
 
@@ -420,6 +437,7 @@ def task_from(queue: str, v: list[Any]) -> Task:
         error_json=v[17],
         partition=None if v[18] is None else v[18].decode(),
         context_json=v[19] if len(v) > 19 else None,
+        attempts=attempts_from_json(v[20]) if len(v) > 20 else (),
     )
 
 
@@ -469,8 +487,9 @@ def lease_infos_from(v: list[Any]) -> list[LeaseInfo]:
             float(v[i + 3]) - now,
             v[i + 4],
             v[i + 5],
+            None if v[i + 6] is None else v[i + 6].decode(),
         )
-        for i in range(1, len(v), 6)
+        for i in range(1, len(v), 7)
     ]
 
 
@@ -601,3 +620,21 @@ def breaker_hash(prefix: str, key: str) -> str:
 def breaker_state_from(v: list[Any]) -> BreakerState:
     """A breaker's state from ``breaker_admit.lua``'s or ``breaker_record.lua``'s reply."""
     return BreakerState(_BREAKER_STATES[v[0]], int(v[1]), int(v[2]), float(v[3]), v[4] == 1)
+
+
+# -- live workers ---------------------------------------------------------------------------------
+
+
+def worker_keys(prefix: str) -> tuple[str, str]:
+    """The keys of the worker registry under ``prefix``: the info hash and the expiry zset
+    (one hash tag, ``{prefix:workers}``: one shard on a cluster)."""
+    tag = f"{{{prefix}:workers}}:"
+    return tag + "info", tag + "ttl"
+
+
+def workers_from(v: list[Any]) -> list[WorkerInfo]:
+    """The live workers from ``workers_list.lua``'s flat reply (4 values each)."""
+    return [
+        WorkerInfo(v[i].decode(), v[i + 1], float(v[i + 2]), float(v[i + 3]))
+        for i in range(0, len(v), 4)
+    ]

@@ -224,17 +224,58 @@ local function unpark(K, part, now)
   save(K.tasks, id, rec)
 end
 
--- @helper reap: load save zrem make_ready unpark
+-- @helper attempt_open: fmt
+-- A task's attempt history is one field of the queue's hash {prefix:queue}:a: a JSON array
+-- (cjson) of its last 20 attempts, oldest first, each an object: attempt, worker (absent when the
+-- claim named none), started, and once it ended: ended, outcome, error (the error's type, for a
+-- failure); times as fmt() strings. A claim opens an attempt.
+local function attempt_open(hist, id, attempt, worker, now)
+  local raw = redis.call('HGET', hist, id)
+  local list = {}
+  if raw then list = cjson.decode(raw) end
+  local entry = {attempt = attempt, started = fmt(now)}
+  if worker ~= '' then entry.worker = worker end
+  list[#list + 1] = entry
+  if #list > 20 then table.remove(list, 1) end
+  redis.call('HSET', hist, id, cjson.encode(list))
+end
+
+-- @helper attempt_close: fmt
+-- End the running attempt numbered attempt of a task (nothing if its history has none): outcome
+-- done, failed (err: the error's type, or false), released or expired.
+local function attempt_close(hist, id, attempt, now, outcome, err)
+  local raw = redis.call('HGET', hist, id)
+  if not raw then return end
+  local list = cjson.decode(raw)
+  local last = list[#list]
+  if last and last.attempt == attempt and not last.ended then
+    last.ended = fmt(now)
+    last.outcome = outcome
+    if err then last.error = err end
+    redis.call('HSET', hist, id, cjson.encode(list))
+  end
+end
+
+-- @helper error_type:
+-- The type of a recorded error (JSON {"type": ..., "message": ...}), or false.
+local function error_type(err)
+  local ok, value = pcall(cjson.decode, err)
+  if ok and type(value) == 'table' and type(value.type) == 'string' then return value.type end
+  return false
+end
+
+-- @helper reap: load save zrem make_ready unpark attempt_close
 -- Requeue (or dead-letter, past max_reclaims) the expired leases ids (read by the caller from
 -- the index, oldest expiry first, at most a cap of them). Appends id, attempt, outcome to out
--- for each. K holds the keys: tasks, errors, counters, ready, waiting, index, dead, busy,
--- parked, hot.
+-- for each, and ends each lease's attempt as expired. K holds the keys: tasks, errors, counters,
+-- ready, waiting, index, dead, busy, parked, hot, attempts.
 local function reap(K, ids, now, front, out)
   zrem(K.index, ids)  -- first: a requeued task comes back into the index as a queued one
   for _, id in ipairs(ids) do
     local rec = load(K.tasks, id)
     if rec and rec[F_STATE] == LEASED then
       local reclaims = rec[F_RECLAIMS] + 1
+      attempt_close(K.attempts, id, rec[F_ATTEMPT], now, 'expired', false)
       rec[F_RECLAIMS] = reclaims
       rec[F_TOKEN] = false
       rec[F_EXPIRES] = false

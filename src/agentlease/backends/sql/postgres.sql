@@ -80,21 +80,17 @@ FROM unnest(%(queue)s::text[], %(dedup_key)s::text[]) AS k(queue, dedup_key)
 JOIN agentlease_tasks t ON t.queue = k.queue AND t.dedup_key = k.dedup_key;
 
 -- name: claim
--- One call of agentlease_claim_context() (postgres_migrations/0008_task_context.sql;
--- agentlease_claim_ranked() of 0006_leaner_calls.sql with each job's context): the reaped leases
--- and the jobs, each job with its rank in pick order (the rows come in no order), and the time
--- it became due (run_at, which a claim does not change), read by primary key from the row as
--- this statement's snapshot sees it: NULL for a task enqueued after the statement began.
-SELECT c.task_id, c.reaped, c.token, c.attempt, c.payload, c.checkpoint, c.priority,
-       c.failures, c.reclaims, c.leased_at, c.expires_at, c.rank, c.context,
-       CASE WHEN c.reaped IS NULL THEN
-           (SELECT extract(epoch FROM t.run_at)::float8
-            FROM agentlease_tasks t WHERE t.id = c.task_id)
-       END
-FROM agentlease_claim_context(
+-- One call of agentlease_claim_holder() (postgres_migrations/0011_workers.sql;
+-- agentlease_claim_context() of 0008_task_context.sql that writes the claim's holder and returns
+-- each job's due time): the reaped leases and the jobs, each job with its rank in pick order (the
+-- rows come in no order). The attempt history is written by the triggers of 0011_workers.sql, in
+-- this statement.
+SELECT task_id, reaped, token, attempt, payload, checkpoint, priority, failures, reclaims,
+       leased_at, expires_at, rank, context, run_at
+FROM agentlease_claim_holder(
     %(queue)s::text, %(n)s::integer, %(lease_for)s::float8, %(max_total)s::float8,
-    %(progress_timeout)s::float8, %(front)s::boolean
-) AS c;
+    %(progress_timeout)s::float8, %(front)s::boolean, %(holder)s::text
+);
 
 -- name: reap
 SELECT task_id, attempt, outcome
@@ -174,7 +170,13 @@ SELECT id, queue, state, priority, payload, attempt, reclaims, failures, max_rec
        extract(epoch FROM created_at)::float8, extract(epoch FROM run_at)::float8, dedup_key,
        extract(epoch FROM leased_at)::float8, extract(epoch FROM expires_at)::float8,
        extract(epoch FROM finished_at)::float8, progress, checkpoint, result, error, partition,
-       context
+       context,
+       (SELECT json_agg(json_build_object(
+                   'attempt', a.attempt, 'worker', a.worker,
+                   'started', extract(epoch FROM a.started)::float8,
+                   'ended', extract(epoch FROM a.ended)::float8,
+                   'outcome', a.outcome, 'error', a.error) ORDER BY a.attempt)::text
+        FROM agentlease_attempts a WHERE a.task_id = %(id)s)
 FROM agentlease_tasks WHERE id = %(id)s;
 
 -- name: stats
@@ -209,14 +211,14 @@ SELECT name FROM agentlease_queues ORDER BY name;
 -- name: inspect
 -- One row with NULLs after the first column when the queue has no live lease; none when the
 -- queue does not exist.
-SELECT q.now, l.id, l.attempt, l.leased_at, l.expires_at, l.reclaims, l.failures
+SELECT q.now, l.id, l.attempt, l.leased_at, l.expires_at, l.reclaims, l.failures, l.holder
 FROM (
     SELECT name, extract(epoch FROM clock_timestamp())::float8 AS now, clock_timestamp() AS ts
     FROM agentlease_queues WHERE name = %(queue)s
 ) q
 LEFT JOIN LATERAL (
     SELECT id, attempt, extract(epoch FROM leased_at)::float8 AS leased_at,
-           extract(epoch FROM expires_at)::float8 AS expires_at, reclaims, failures
+           extract(epoch FROM expires_at)::float8 AS expires_at, reclaims, failures, holder
     FROM agentlease_tasks
     WHERE queue = q.name AND state = 'leased' AND expires_at > q.ts
     ORDER BY expires_at, id
@@ -248,6 +250,28 @@ SELECT queue_exists, requeued
 FROM agentlease_requeue_dead(
     %(queue)s::text, %(all)s::boolean, %(ids)s::text[], %(front)s::boolean, %(channel)s::text
 );
+
+-- name: worker_register
+-- One statement: delete up to 100 lapsed entries of other workers, then write this one.
+WITH c AS MATERIALIZED (
+    SELECT clock_timestamp() AS now
+), lapsed AS (
+    DELETE FROM agentlease_workers
+    WHERE id IN (SELECT w.id FROM agentlease_workers w, c
+                 WHERE w.expires_at <= c.now AND w.id <> %(id)s LIMIT 100)
+)
+INSERT INTO agentlease_workers (id, info, beat_at, expires_at)
+SELECT %(id)s, %(info)s::json, c.now, c.now + make_interval(secs => %(ttl)s::float8) FROM c
+ON CONFLICT (id) DO UPDATE
+SET info = EXCLUDED.info, beat_at = EXCLUDED.beat_at, expires_at = EXCLUDED.expires_at
+RETURNING extract(epoch FROM expires_at)::float8;
+
+-- name: workers
+SELECT id, info, extract(epoch FROM beat_at)::float8, extract(epoch FROM expires_at)::float8
+FROM agentlease_workers WHERE expires_at > clock_timestamp() ORDER BY id COLLATE "C";
+
+-- name: worker_unregister
+DELETE FROM agentlease_workers WHERE id = %(id)s;
 
 -- name: key_reserve
 -- One call of agentlease_reserve_key() (postgres_migrations/0006_leaner_calls.sql): insert,

@@ -46,7 +46,8 @@ CREATE TABLE IF NOT EXISTS agentlease_tasks (
     result           BLOB,
     error            BLOB,
     partition        TEXT,
-    context          BLOB
+    context          BLOB,
+    holder           TEXT
 );
 -- Partial indexes: claim, promotion and reaping touch only live rows, so their cost does not grow
 -- with the number of finished tasks.
@@ -150,6 +151,27 @@ CREATE TABLE IF NOT EXISTS agentlease_breakers (
     until      REAL NOT NULL,
     expires_at REAL NOT NULL
 ) WITHOUT ROWID;
+-- Attempt history (schema version 10): one row per attempt of a task, the last 20 kept, written
+-- by the triggers agentlease_attempt_open and agentlease_attempt_close inside the statement that
+-- claims or ends the lease. Live workers: one row per worker id, listed while expires_at is
+-- ahead (register_worker deletes lapsed rows through the expiry index).
+CREATE TABLE IF NOT EXISTS agentlease_attempts (
+    task_id TEXT NOT NULL,
+    attempt INTEGER NOT NULL,
+    worker  TEXT,
+    started REAL NOT NULL,
+    ended   REAL,
+    outcome TEXT,
+    error   TEXT,
+    PRIMARY KEY (task_id, attempt)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS agentlease_workers (
+    id         TEXT PRIMARY KEY,
+    info       BLOB NOT NULL,
+    beat_at    REAL NOT NULL,
+    expires_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS agentlease_workers_expiry ON agentlease_workers (expires_at);
 
 -- name: unpark_trigger
 -- Run after the schema, as one statement (its body holds semicolons of its own).
@@ -172,6 +194,41 @@ BEGIN
                         AND state IN ('scheduled', 'queued', 'leased', 'failed'));
 END;
 
+-- name: attempt_open_trigger
+-- Run after the schema, as one statement. A claim raised the attempt: record it, with the
+-- holder the claim wrote and its leased_at, and drop attempts past the last 20.
+CREATE TRIGGER IF NOT EXISTS agentlease_attempt_open
+AFTER UPDATE OF attempt ON agentlease_tasks
+WHEN NEW.attempt > OLD.attempt AND NEW.state = 'leased'
+BEGIN
+    INSERT OR REPLACE INTO agentlease_attempts (task_id, attempt, worker, started)
+    VALUES (NEW.id, NEW.attempt, NEW.holder, NEW.leased_at);
+    DELETE FROM agentlease_attempts WHERE task_id = NEW.id AND attempt <= NEW.attempt - 20;
+END;
+
+-- name: attempt_close_trigger
+-- Run after the schema, as one statement. A lease ended (complete, fail, release, a reap): end
+-- its attempt, the outcome told by what the statement changed: done; a failure (failures + 1,
+-- with the error's type); a reap (reclaims + 1): expired; back to queued otherwise: released.
+-- The time is the task's finished_at when the statement finished it, else the clock now
+-- (julianday: milliseconds), never before the lease began.
+CREATE TRIGGER IF NOT EXISTS agentlease_attempt_close
+AFTER UPDATE OF state ON agentlease_tasks
+WHEN OLD.state = 'leased' AND NEW.state <> 'leased'
+BEGIN
+    UPDATE agentlease_attempts
+    SET ended = max(CASE WHEN NEW.state IN ('done', 'dead') THEN NEW.finished_at ELSE 0 END,
+                    coalesce(OLD.leased_at, 0), (julianday('now') - 2440587.5) * 86400.0),
+        outcome = CASE WHEN NEW.state = 'done' THEN 'done'
+                       WHEN NEW.failures > OLD.failures THEN 'failed'
+                       WHEN NEW.reclaims > OLD.reclaims THEN 'expired'
+                       WHEN NEW.state = 'queued' THEN 'released'
+                       ELSE NEW.state END,
+        error = CASE WHEN NEW.failures > OLD.failures AND json_valid(CAST(NEW.error AS TEXT))
+                     THEN json_extract(CAST(NEW.error AS TEXT), '$.type') END
+    WHERE task_id = NEW.id AND attempt = NEW.attempt AND ended IS NULL;
+END;
+
 -- name: upgrade_to_4
 -- Run before the schema when a database older than version 4 is opened: the schema's indexes
 -- need the column, and CREATE TABLE IF NOT EXISTS leaves an existing table as it is.
@@ -181,6 +238,11 @@ ALTER TABLE agentlease_tasks ADD COLUMN partition TEXT;
 -- Run before the schema when a database older than version 7 is opened: a task's context (its
 -- root task and deadline, JSON kept as enqueued), NULL for the tasks it already has.
 ALTER TABLE agentlease_tasks ADD COLUMN context BLOB;
+
+-- name: upgrade_to_10
+-- Run before the schema when a database older than version 10 is opened: the worker that holds
+-- each lease (NULL for the tasks already there); the schema adds the attempts and workers tables.
+ALTER TABLE agentlease_tasks ADD COLUMN holder TEXT;
 
 -- name: bump_seq
 INSERT INTO agentlease_queues (name, seq) VALUES (:queue, :count)
@@ -245,7 +307,7 @@ WHERE id = :id;
 UPDATE agentlease_tasks
 SET state = 'leased', token = lower(hex(randomblob(16))), attempt = attempt + 1,
     leased_at = :now, expires_at = :expires_at, lease_deadline = :deadline,
-    progress_timeout = :progress_timeout, progressed_at = :now
+    progress_timeout = :progress_timeout, progressed_at = :now, holder = :holder
 WHERE id IN (SELECT id FROM agentlease_tasks
              WHERE queue = :queue AND state = 'queued'
              ORDER BY priority DESC, seq LIMIT :n)
@@ -301,7 +363,11 @@ SELECT attempt, state, token, expires_at FROM agentlease_tasks WHERE id = :id;
 -- name: get
 SELECT id, queue, state, priority, payload, attempt, reclaims, failures, max_reclaims,
        created_at, run_at, dedup_key, leased_at, expires_at, finished_at, progress, checkpoint,
-       result, error, partition, context
+       result, error, partition, context,
+       (SELECT json_group_array(json_object(
+                   'attempt', a.attempt, 'worker', a.worker, 'started', a.started,
+                   'ended', a.ended, 'outcome', a.outcome, 'error', a.error))
+        FROM (SELECT * FROM agentlease_attempts WHERE task_id = :id ORDER BY attempt) a)
 FROM agentlease_tasks WHERE id = :id;
 
 -- name: queue_exists
@@ -324,7 +390,7 @@ WHERE queue = :queue AND state = 'parked'
 GROUP BY partition ORDER BY n DESC, partition LIMIT 5;
 
 -- name: inspect
-SELECT id, attempt, leased_at, expires_at, reclaims, failures FROM agentlease_tasks
+SELECT id, attempt, leased_at, expires_at, reclaims, failures, holder FROM agentlease_tasks
 WHERE queue = :queue AND state = 'leased' AND expires_at > :now
 ORDER BY expires_at, id LIMIT :limit;
 
@@ -564,3 +630,21 @@ UPDATE agentlease_locks SET owner = NULL, expires_at = NULL
 WHERE name IN (SELECT name FROM agentlease_locks
                WHERE owner IS NOT NULL AND expires_at <= :now
                ORDER BY expires_at LIMIT :limit);
+
+-- name: worker_sweep
+-- At most 100 lapsed entries, through the expiry index.
+DELETE FROM agentlease_workers
+WHERE id IN (SELECT id FROM agentlease_workers WHERE expires_at <= :now LIMIT 100);
+
+-- name: worker_register
+INSERT INTO agentlease_workers (id, info, beat_at, expires_at)
+VALUES (:id, :info, :now, :expires_at)
+ON CONFLICT (id) DO UPDATE
+SET info = excluded.info, beat_at = excluded.beat_at, expires_at = excluded.expires_at;
+
+-- name: workers
+SELECT id, info, beat_at, expires_at FROM agentlease_workers
+WHERE expires_at > :now ORDER BY id;
+
+-- name: worker_unregister
+DELETE FROM agentlease_workers WHERE id = :id;
