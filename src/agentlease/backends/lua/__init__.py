@@ -26,7 +26,8 @@ on one Redis Cluster shard and every script is given all the keys it touches:
 ``{p:q}:e``                 hash: task id -> last error JSON, when set
 ``{p:q}:x``                 hash: task id -> its context JSON (root task, deadline), for the
                             tasks enqueued with one; absent while no task of the queue had one
-``{p:q}:n``                 hash: the sequence counter, the count of failed tasks (the
+``{p:q}:n``                 hash: the sequence counter, the counts of failed and of
+                            cancelled tasks (the
                             other counts are sizes of hashes and ZSETs: ``stats`` is O(1)),
                             and ``wake``: a time no later than any score of ``:w`` and any
                             lease's in ``:l``, before which claim need not search them
@@ -108,6 +109,7 @@ from agentlease._records import (
     StateRecord,
     Task,
     TaskState,
+    reason_of,
 )
 
 __all__ = [
@@ -151,6 +153,8 @@ NAMES = (
     "stats",
     "inspect",
     "dead",
+    "cancel",
+    "delete_queue",
     "key_reserve",
     "key_extend",
     "key_complete",
@@ -342,6 +346,8 @@ class QueueKeys:
     stats: tuple[str, ...]
     inspect: tuple[str, ...]
     dead: tuple[str, ...]
+    cancel: tuple[str, ...]
+    delete_queue: tuple[str, ...]
 
 
 @lru_cache(maxsize=4096)
@@ -354,7 +360,7 @@ def queue_keys(prefix: str, queue: str) -> QueueKeys:
     return QueueKeys(
         enqueue=(t, p, n, q, w, i, k, pb, pk, ph, x),
         claim=(t, p, c, e, n, q, w, i, d, pb, pk, ph, x),
-        extend=(t, n, i),
+        extend=(t, n, i, q, w, pb, pk, ph),
         complete=(t, r, i, n, q, w, pb, pk, ph),
         complete_many=(t, r, i, n, q, w, pb, pk, ph),
         fail=(t, p, r, g, c, e, n, i, w, d, q, pb, pk, ph, x),
@@ -366,6 +372,8 @@ def queue_keys(prefix: str, queue: str) -> QueueKeys:
         stats=(t, n, q, w, i, d, pk, ph),
         inspect=(t, n, i),
         dead=(t, p, r, g, c, e, n, d, x),
+        cancel=(t, e, n, q, w, i, pb, pk, ph),
+        delete_queue=(t, p, r, g, c, e, x, n, q, w, i, d, k, pb, pk, ph),
     )
 
 
@@ -388,8 +396,9 @@ _STATES: dict[bytes, TaskState] = {
     b"done": "done",
     b"dead": "dead",
     b"parked": "parked",
+    b"cancelled": "cancelled",
 }
-_OUTCOMES: dict[bytes, Any] = {b"requeued": "requeued", b"dead": "dead"}
+_OUTCOMES: dict[bytes, Any] = {b"requeued": "requeued", b"dead": "dead", b"cancelled": "cancelled"}
 
 
 def _time(value: bytes | None) -> float | None:
@@ -420,6 +429,7 @@ def task_from(queue: str, v: list[Any]) -> Task:
         error_json=v[17],
         partition=None if v[18] is None else v[18].decode(),
         context_json=v[19] if len(v) > 19 else None,
+        cancel_reason=reason_of(v[17]) if len(v) > 20 and v[20] else None,
     )
 
 
