@@ -41,8 +41,10 @@ R = TypeVar("R")
 # Each command, and the module that defines it.
 COMMANDS = {
     "bench": "agentlease.bench.command",
+    "cancel": "agentlease.cli.cancel",
     "check": "agentlease.cli.harness",
     "dead": "agentlease.cli.admin",
+    "delete-queue": "agentlease.cli.cancel",
     "demo": "agentlease.cli.demo",
     "enqueue": "agentlease.cli.admin",
     "explore": "agentlease.cli.harness",
