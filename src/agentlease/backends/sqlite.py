@@ -32,6 +32,7 @@ of any process; a power loss may lose the last transactions. ``?synchronous=FULL
 from __future__ import annotations
 
 import random
+import re
 import sqlite3
 import threading
 import time
@@ -90,6 +91,9 @@ Q = queries("agentlease.backends.sql", "sqlite.sql")
 # has (versions 5 and 6 only add tables: they need none; version 7 adds a column, NULL for the
 # tasks already there; version 8 adds one and drops the trigger, which the schema recreates).
 SCHEMA_VERSION = 8
+
+
+_ADD_COLUMN = re.compile(r"ALTER TABLE (\w+) ADD COLUMN (\w+)")
 
 
 def _translate(path: str, exc: sqlite3.Error) -> BackendError:
@@ -254,7 +258,7 @@ class SQLiteBackend(SQLiteKeys, SQLiteState):
                 steps = range(version + 1, SCHEMA_VERSION + 1) if version else ()
                 for script in [Q[f"upgrade_to_{v}"] for v in steps if f"upgrade_to_{v}" in Q]:
                     for statement in script.split(";"):
-                        if statement.strip():
+                        if statement.strip() and not self._has_column(statement):
                             db.execute(statement)
                 for statement in Q["schema"].split(";"):
                     if statement.strip():
@@ -265,6 +269,16 @@ class SQLiteBackend(SQLiteKeys, SQLiteState):
         except BaseException:
             db.execute("ROLLBACK")
             raise
+
+    def _has_column(self, statement: str) -> bool:
+        """Whether ``statement`` adds a column the table already has (an upgrade step run on a
+        database that has it, as a copy rolled back by hand may): it is skipped then."""
+        added = _ADD_COLUMN.search(statement)
+        if added is None:
+            return False
+        table, column = added.groups()
+        columns = self._db.execute(f"PRAGMA table_info({table})").fetchall()
+        return any(row[1] == column for row in columns)
 
     def _step(self, *, write: bool) -> _Step:
         return _Step(self, write)

@@ -379,7 +379,7 @@ class AsyncPostgresBackend(PostgresKeys, PostgresState):
             rows = await self._fetch(Q["fail_retry"], params)
         if not rows:
             raise await self._lost(lease)
-        return task(rows[0])
+        return task(rows[0][:21])  # fail_retry's 22nd column is its notification
 
     async def release(self, lease: Lease, front: bool) -> None:
         params = self._fence(lease)

@@ -381,7 +381,7 @@ class PostgresBackend(PostgresKeys, PostgresState):
             rows = self._fetch(Q["fail_retry"], params)
         if not rows:
             raise self._lost(lease)
-        return task(rows[0])
+        return task(rows[0][:21])  # fail_retry's 22nd column is its notification
 
     def release(self, lease: Lease, front: bool) -> None:
         params = self._fence(lease)
