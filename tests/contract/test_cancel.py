@@ -305,6 +305,53 @@ def test_a_worker_tells_a_sync_handler_through_its_context(store: Store) -> None
     assert task.result is None
 
 
+def _run_until_cancelled(q: al.Queue, handler: object, task_id: str) -> None:
+    """Run a worker whose heartbeat comes too late to matter (a long lease, a long interval):
+    the handler meets the cancellation itself, and the task must still end cancelled now."""
+    settings = al.WorkerSettings(heartbeat_interval=20.0, poll_interval=0.05)
+    worker = al.Worker(q, Q, handler, settings=settings)  # type: ignore[arg-type]
+
+    def stop_when_cancelled() -> None:
+        _until(q, task_id, ("cancelled",))
+        worker.stop()
+
+    threading.Thread(target=stop_when_cancelled, daemon=True).start()
+    worker.run(handle_signals=False)
+
+
+def test_a_handler_refused_by_the_store_ends_its_task_cancelled_at_once(store: Store) -> None:
+    q = store.queue(al.QueueSettings(lease_for=60.0))
+    q.enqueue(Q, {}, id="writes")
+    raised: list[str] = []
+
+    def handler(ctx: al.JobContext) -> al.JSON:
+        q.cancel(ctx.task_id, "stop writing")
+        try:
+            ctx.progress({"step": 1})  # refused: the task was cancelled
+        except TaskCancelled as exc:
+            raised.append(exc.reason)
+            raise
+        return "never"
+
+    _run_until_cancelled(q, handler, "writes")
+    assert raised == ["stop writing"]
+    task = cancelled_with(q, "writes", "stop writing")
+    assert task.progress is None
+
+
+def test_a_result_returned_after_a_cancel_is_refused_and_the_task_ends(store: Store) -> None:
+    q = store.queue(al.QueueSettings(lease_for=60.0))
+    q.enqueue(Q, {}, id="returns")
+
+    async def handler(ctx: al.AsyncJobContext) -> al.JSON:
+        await asyncio.to_thread(q.cancel, ctx.task_id, "too late")
+        return {"answer": 42}  # the completion is refused
+
+    _run_until_cancelled(q, handler, "returns")
+    task = cancelled_with(q, "returns", "too late")
+    assert task.result is None
+
+
 # -- deleting a queue ------------------------------------------------------------------------
 
 
