@@ -416,3 +416,21 @@ async def test_the_async_face_deletes_queues(store: Store) -> None:
         assert Q not in await q.queues()
     finally:
         await q.close()
+
+
+def test_the_harness_completions_checker_accepts_a_store_cancellation(store: Store) -> None:
+    """What the harness records for a task the store cancelled (its settle step reads the
+    stored error's reason) ends that task for the ``completions`` checker."""
+    from agentlease.harness.checkers import completions
+    from agentlease.harness.history import History
+
+    q = store.queue()
+    q.enqueue(Q, {}, id="h1")
+    q.cancel("h1", "the user changed their mind")
+    stored = q.get("h1")
+    assert isinstance(stored.error, dict)
+    h = History()
+    h.invoke("client", "enqueue", task="h1").ok()
+    h.world("cancel", task="h1", reason=stored.error.get("reason") or "")
+    assert completions(h.ops) == []
+    assert q.claim(Q) == []  # and it never runs again
