@@ -31,6 +31,10 @@ error (written by the cancel), so a refused write reads it back for
 :class:`~agentlease.errors.TaskCancelled`. ``delete_queue`` deletes a bounded batch of a queue's
 tasks per script, and every key of the queue with its last batch; the ids of each batch then
 leave ``<prefix>:ids`` and, at the end, the queue leaves ``<prefix>:queues`` (other slots).
+The key layout stays at version 1 (old records read the same), but the two new states are
+unknown to an agentlease without cancellation: once tasks are cancelled, such clients must no
+longer use the store (their reads of a cancelled task fail, and their reaper drops an expired
+``CANCELLING`` lease from the index, leaving it for a later ``cancel`` of the task to end).
 
 Version. Before its first call a backend reads ``<prefix>:layout``, the key layout's version
 (written on first use), and refuses a store written by a newer agentlease with
