@@ -32,6 +32,7 @@ from agentlease.errors import (
     InvalidDuration,
     InvalidInput,
     InvalidName,
+    InvalidSchedule,
     InvalidURL,
     LeaseLost,
     LimitReached,
@@ -75,6 +76,7 @@ if TYPE_CHECKING:
     from agentlease._async.holds import AsyncCounterHold
     from agentlease._async.idempotency import AsyncAction, AsyncIdempotency
     from agentlease._async.queue import AsyncQueue
+    from agentlease._async.scheduler import AsyncScheduler
     from agentlease._async.state import AsyncLockSet, AsyncSharedState
     from agentlease._codec import JSON
     from agentlease._context import AsyncJobContext, JobContext
@@ -111,6 +113,7 @@ if TYPE_CHECKING:
         Versioned,
     )
     from agentlease._retry import retry
+    from agentlease._schedule import Schedule, Tick
     from agentlease._scope import current_fence, current_key, idempotency_scope
     from agentlease._settings import IdempotencySettings, QueueSettings, WorkerSettings
     from agentlease._sync.budgets import CircuitBreaker, RetryBudget, SpendBudget, SpendHold
@@ -118,6 +121,7 @@ if TYPE_CHECKING:
     from agentlease._sync.holds import CounterHold
     from agentlease._sync.idempotency import Action, Idempotency
     from agentlease._sync.queue import Queue
+    from agentlease._sync.scheduler import Scheduler
     from agentlease._sync.state import LockSet, SharedState
     from agentlease._versioned_sql import versioned_update
     from agentlease._worker import AsyncWorker, Worker
@@ -138,6 +142,7 @@ _LAZY = {
     "AsyncAction": "agentlease._async.idempotency",
     "AsyncIdempotency": "agentlease._async.idempotency",
     "AsyncQueue": "agentlease._async.queue",
+    "AsyncScheduler": "agentlease._async.scheduler",
     "AsyncLockSet": "agentlease._async.state",
     "AsyncSharedState": "agentlease._async.state",
     "JSON": "agentlease._codec",
@@ -160,6 +165,8 @@ _LAZY = {
     "full_jitter": "agentlease._policy.retry",
     "StateMachine": "agentlease._policy.transitions",
     "retry": "agentlease._retry",
+    "Schedule": "agentlease._schedule",
+    "Tick": "agentlease._schedule",
     "Fact": "agentlease._reconcile",
     "LatestByVersion": "agentlease._reconcile",
     "MustAgree": "agentlease._reconcile",
@@ -194,6 +201,7 @@ _LAZY = {
     "Action": "agentlease._sync.idempotency",
     "Idempotency": "agentlease._sync.idempotency",
     "Queue": "agentlease._sync.queue",
+    "Scheduler": "agentlease._sync.scheduler",
     "LockSet": "agentlease._sync.state",
     "SharedState": "agentlease._sync.state",
     "versioned_update": "agentlease._versioned_sql",
@@ -223,6 +231,7 @@ __all__ = [
     "AsyncLockSet",
     "AsyncQueue",
     "AsyncRetryBudget",
+    "AsyncScheduler",
     "AsyncSharedState",
     "AsyncSpendBudget",
     "AsyncSpendHold",
@@ -257,6 +266,7 @@ __all__ = [
     "InvalidDuration",
     "InvalidInput",
     "InvalidName",
+    "InvalidSchedule",
     "InvalidURL",
     "Job",
     "JobContext",
@@ -298,6 +308,8 @@ __all__ = [
     "RetryBudget",
     "RetryBudgetExhausted",
     "RetryPolicy",
+    "Schedule",
+    "Scheduler",
     "SchemaNotMigrated",
     "SchemaTooNew",
     "SharedState",
@@ -310,6 +322,7 @@ __all__ = [
     "TaskSpec",
     "TaskState",
     "TaskTimeout",
+    "Tick",
     "ToolUnavailable",
     "TransitionRefused",
     "Union",

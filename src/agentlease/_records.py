@@ -94,7 +94,9 @@ class Job:
     """A claimed task as a worker sees it: the lease plus what the handler needs.
 
     ``context_json`` is the task's context as enqueued (see :func:`encode_context`): the root task
-    and the deadline it inherited, or ``None``.
+    and the deadline it inherited, its own time limit and the trace it was enqueued in, or
+    ``None``. ``run_at`` is when the task became due on the store's clock (its enqueue, delay or
+    retry time), where the store reports it: ``lease.leased_at - run_at`` is how long it waited.
     """
 
     lease: Lease
@@ -104,6 +106,7 @@ class Job:
     failures: int = 0
     reclaims: int = 0
     context_json: bytes | None = None
+    run_at: float | None = None
 
     @property
     def task_id(self) -> str:
@@ -139,6 +142,12 @@ class Job:
     def timeout(self) -> float | None:
         """The task's own time limit per attempt in seconds, or ``None`` (the worker's)."""
         return _context_timeout(self.context_json)
+
+    @property
+    def trace_context(self) -> dict[str, str]:
+        """The W3C trace context the task was enqueued in (``traceparent`` and, if any,
+        ``tracestate``); empty when it was enqueued without tracing."""
+        return _context_trace(self.context_json)
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,6 +203,12 @@ class Task:
     def timeout(self) -> float | None:
         """The task's own time limit per attempt in seconds, or ``None`` (the worker's)."""
         return _context_timeout(self.context_json)
+
+    @property
+    def trace_context(self) -> dict[str, str]:
+        """The W3C trace context the task was enqueued in (``traceparent`` and, if any,
+        ``tracestate``); empty when it was enqueued without tracing."""
+        return _context_trace(self.context_json)
 
     @property
     def result(self) -> JSON:
@@ -260,13 +275,27 @@ class NewTask:
 
 
 def encode_context(
-    root: str | None, deadline: float | None, timeout: float | None = None
+    root: str | None,
+    deadline: float | None,
+    timeout: float | None = None,
+    trace: dict[str, str] | None = None,
 ) -> bytes | None:
     """A task's context as the store keeps it (verbatim, beside the task): the JSON object
     ``{"root": <root task id>, "deadline": <seconds on the store's clock>, "timeout": <seconds
-    an attempt may run>}``, each key only when known; ``None`` when none is (the task is its own
-    root, with no deadline and no time limit of its own)."""
-    if root is None and deadline is None and timeout is None:
+    an attempt may run>, "traceparent": ..., "tracestate": ...}``, each key only when known;
+    ``None`` when none is (the task is its own root, with no deadline, no time limit of its own
+    and no trace).
+
+    The trace context (W3C ``traceparent`` and ``tracestate``, from ``trace``) is part of the
+    task's context, not of its payload: like the root and the deadline it describes where the
+    task comes from, is written once at enqueue by the code that enqueues it, kept by every
+    store in the task's own context field (a column in SQLite and PostgreSQL, a field of the
+    task's hash in Redis) through retries, reclaims and requeues, handed to whoever claims the
+    task, and never seen by the handler's payload. A handler's spans join the enqueuer's trace
+    through it, across processes and machines.
+    """
+    trace = {k: v for k, v in (trace or {}).items() if k in _TRACE_KEYS and v}
+    if root is None and deadline is None and timeout is None and not trace:
         return None
     context: dict[str, str | float] = {}
     if root is not None:
@@ -275,7 +304,16 @@ def encode_context(
         context["deadline"] = float(deadline)
     if timeout is not None:
         context["timeout"] = float(timeout)
+    context.update(trace)
     return orjson.dumps(context)
+
+
+_TRACE_KEYS = ("traceparent", "tracestate")
+
+
+def _context_trace(data: bytes | None) -> dict[str, str]:
+    context = _context(data)
+    return {k: v for k in _TRACE_KEYS if isinstance(v := context.get(k), str) and v}
 
 
 def _context(data: bytes | None) -> dict[str, Any]:

@@ -59,6 +59,12 @@ cancelled and has unwound. A sync handler still running on its thread keeps its 
 expires and is reaped as after a crash (its late writes are refused). A second signal skips the
 rest of the grace period and ends the run within about a second. Every signal is logged.
 
+Telemetry. While an exporter is installed (``agentlease.otel.instrument()``, see
+:mod:`agentlease._telemetry`), the worker reports each claim (with the task's due time, for the
+queue latency) and each handler run (its span current in the handler's context, ended with the
+handler's error if it raised), and reads its queue's stats once per ``stats_interval`` in a task
+of its own for the depth gauge. Without one, none of this runs.
+
 Store errors: an unreachable store (:class:`~agentlease.errors.BackendUnavailable`), or any other
 failure of a claim, is logged (rate-limited, with the URL without its password) while the worker
 backs off with jitter and tries again. A store that refuses the worker for good
@@ -78,12 +84,13 @@ import inspect
 import random
 import signal
 import threading
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeAlias, cast
 
-from agentlease import _clock
+from agentlease import _clock, _telemetry
 from agentlease import _validate as check
 from agentlease._async.queue import AsyncQueue
 from agentlease._codec import JSON
@@ -217,6 +224,7 @@ class AsyncWorker:
         opened: list[Queue | Backend] = []
         heartbeat: Heartbeat | None = None
         threads = HandlerThreads(self.settings.concurrency)
+        watching: asyncio.Task[None] | None = None
         try:
             installed = self._install_signals() if handle_signals else []
             # A heartbeat call that hangs must fail before the lease runs out, to be tried again.
@@ -237,6 +245,9 @@ class AsyncWorker:
             )
             heartbeat.start()
             self._heartbeat = heartbeat
+            telemetry = _telemetry.current()
+            if telemetry is not None:
+                watching = asyncio.create_task(self._watch_stats(telemetry))
             try:
                 await self._warn_if_unknown()
                 await self._claim_loop(heartbeat, threads, handler_queue, burst)
@@ -252,6 +263,10 @@ class AsyncWorker:
                 self._forced.set()
                 raise
             finally:
+                if watching is not None:
+                    watching.cancel()
+                    # Whatever ended it, the depth gauge is never a reason for the run to fail.
+                    await asyncio.gather(watching, return_exceptions=True)
                 await self._drain(heartbeat)
         finally:
             # A heartbeat thread still inside a store call keeps its backend (it is a daemon).
@@ -263,6 +278,19 @@ class AsyncWorker:
                 resource.close()
             events.stop()
         return self.processed
+
+    async def _watch_stats(self, telemetry: _telemetry.Telemetry) -> None:
+        """Read the queue's stats every ``stats_interval`` seconds for the depth gauge (one read
+        per interval, whatever the number of scrapes; a read that fails is skipped)."""
+        while True:
+            try:
+                async with asyncio.timeout(self._call_timeout):
+                    stats = await self.queue.stats(self.name)
+            except (AgentLeaseError, TimeoutError):
+                pass  # an unknown queue has no depth yet; an unreachable store, the claims report
+            else:
+                telemetry.stats(self.queue.backend.url, stats)
+            await asyncio.sleep(telemetry.stats_interval)
 
     def _install_signals(self) -> list[signal.Signals]:
         if threading.current_thread() is not threading.main_thread():
@@ -322,6 +350,7 @@ class AsyncWorker:
                     await self._sleep(None)
                 continue
             sent_at = _clock.monotonic()
+            sent_ns = time.time_ns()
             try:
                 # Completions reach the store before the next claim (in the same call).
                 jobs = await self._flush_and_claim(want)
@@ -343,12 +372,16 @@ class AsyncWorker:
                 continue
             idle = 0.0
             claimed_at = _clock.monotonic()
+            telemetry = _telemetry.current()
             for job in jobs:
                 entry = _Running(job)
                 entry.offset = job.lease.leased_at - claimed_at
                 if job.deadline is not None:
                     entry.at = job.deadline - entry.offset
                 entry.held = heartbeat.add(job.lease, functools.partial(self._lost, entry), sent_at)
+                if telemetry is not None:
+                    telemetry.claimed(job, sent_ns)
+                due = {} if job.run_at is None else {"run_at": job.run_at}
                 self._emit(
                     "claimed",
                     job.lease,
@@ -356,6 +389,7 @@ class AsyncWorker:
                     failures=job.failures,
                     leased_at=job.lease.leased_at,
                     expires_at=job.lease.expires_at,
+                    **due,
                 )
                 self._running[entry.key] = entry
                 if job.deadline is not None and job.deadline <= job.lease.leased_at:
@@ -404,6 +438,9 @@ class AsyncWorker:
         thread, whose return the loop collects (see :meth:`_collect`)."""
         job, held = entry.job, entry.held
         assert held is not None
+        telemetry = _telemetry.current()
+        if telemetry is not None:
+            entry.run = telemetry.run(job)
         if self._async_handler is not None:
             entry.task = asyncio.create_task(
                 self._run_async(entry, self._async_handler),
@@ -417,6 +454,8 @@ class AsyncWorker:
         context = contextvars.copy_context()
         context.run(enter_task, job.task_id, job.lease.attempt)
         context.run(enter_work, job.root_id, entry.offset, entry.at)
+        if entry.run is not None:
+            context.run(entry.run.enter)  # the run's span is current in the handler
         ctx = JobContext(
             job,
             held,
@@ -461,7 +500,7 @@ class AsyncWorker:
                 continue  # given up at shutdown while its thread still ran
             future = entry.future
             assert future is not None
-            self._ran(entry)
+            self._ran(entry, asyncio.CancelledError() if future.cancelled() else future.error)
             if future.cancelled():  # it never started (shutdown)
                 entry.task = asyncio.create_task(
                     self._conclude(entry, None, asyncio.CancelledError())
@@ -580,7 +619,7 @@ class AsyncWorker:
         or a forced stop, right after it was started), its handler never ran."""
         if entry.began:
             return
-        self._ran(entry)
+        self._ran(entry, asyncio.CancelledError())
         if entry.held is not None and entry.held.lost.is_set():
             self._finish(entry)
         else:  # it goes back to the front of the queue
@@ -596,6 +635,8 @@ class AsyncWorker:
         # job's).
         enter_task(job.task_id, job.lease.attempt)
         enter_work(job.root_id, entry.offset, entry.at)
+        if entry.run is not None:
+            entry.run.enter()  # the run's span is current in the handler
         ctx = AsyncJobContext(
             job,
             held,
@@ -612,7 +653,7 @@ class AsyncWorker:
         except (asyncio.CancelledError, Exception) as exc:
             error = exc
         finally:
-            self._ran(entry)
+            self._ran(entry, error)
         if error is None and self._completed(entry, result):
             return
         await self._conclude(entry, result, error)
@@ -728,8 +769,11 @@ class AsyncWorker:
             return None, "deadline"
         return retry_in, None
 
-    def _ran(self, entry: _Running) -> None:
-        """A handler returned or raised: its slot is free for the next claimed task."""
+    def _ran(self, entry: _Running, error: BaseException | None) -> None:
+        """A handler returned or raised ``error``: its slot is free for the next claimed task."""
+        run, entry.run = entry.run, None
+        if run is not None:
+            run.end(error)
         self._active -= 1
         took = _clock.monotonic() - entry.started
         self._mean_run += (took - self._mean_run) * 0.2
@@ -841,6 +885,7 @@ class _Running:
     at: float | None = None  # the task's deadline on the monotonic clock
     limit: float | None = None  # the attempt's time limit in seconds
     limit_at: float | None = None  # when it ends on the monotonic clock
+    run: _telemetry.Run | None = None  # the handler's run as the telemetry exporter sees it
 
     @property
     def key(self) -> LeaseKey:

@@ -7,6 +7,7 @@ Every refusal is one of these classes, so callers can catch exactly what they me
     │   ├── InvalidName                         empty, too long or odd queue name / task id
     │   ├── InvalidDuration                     zero, negative or non-finite duration
     │   ├── InvalidURL                          malformed or unsupported backend URL
+    │   ├── InvalidSchedule                     bad cron expression, misfire policy or time zone
     │   ├── MissingIdentity                     an idempotent action without a task or step id
     │   └── PayloadError                        payload, result or checkpoint refused
     │       ├── NotJSON                         not JSON-serialisable (never pickled)
@@ -83,6 +84,7 @@ __all__ = [
     "InvalidDuration",
     "InvalidInput",
     "InvalidName",
+    "InvalidSchedule",
     "InvalidURL",
     "LeaseLost",
     "LimitReached",
@@ -134,6 +136,10 @@ class InvalidDuration(InvalidInput):
 
 class InvalidURL(InvalidInput):
     """A backend URL is malformed or names an unsupported scheme."""
+
+
+class InvalidSchedule(InvalidInput):
+    """A schedule was refused: bad cron expression, misfire policy, time zone or window."""
 
 
 class MissingIdentity(InvalidInput):

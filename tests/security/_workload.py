@@ -53,6 +53,10 @@ def _queue(url: str) -> None:
             fast.reap(name)
             fast.complete_encoded_and_claim([], name, 2)
         queue.backend.wait_for_work(name, 0.05)
+        # A scheduler's pass: the store's clock, then an enqueue with an id and a dedup key.
+        hourly = al.Schedule("rights", name, every=3600, grace=3600)
+        (tick,) = al.Scheduler(queue, [hourly]).run_once()
+        assert tick.created
         _cancel(queue, name)
 
 

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from types import TracebackType
 
-from agentlease import _clock
+from agentlease import _clock, _telemetry
 from agentlease import _validate as check
 from agentlease._codec import JSON, encode
 from agentlease._deadline import current_deadline, current_root
@@ -117,14 +117,33 @@ class AsyncQueue:
             partition=None if spec.partition is None else check.partition(spec.partition),
         )
 
-    async def _with_context(self, tasks: list[NewTask], specs: Sequence[TaskSpec]) -> list[NewTask]:
+    async def _enqueue(
+        self, queue: str, tasks: list[NewTask], specs: Sequence[TaskSpec]
+    ) -> list[Enqueued]:
+        """Write the tasks with their context, in a span of their own when traced (the span's
+        trace context is stored in each task's context)."""
+        telemetry = _telemetry.current()
+        if telemetry is None:
+            return await self.backend.enqueue(await self._with_context(tasks, specs))
+        with telemetry.enqueuing(queue, tasks) as trace:
+            results = await self.backend.enqueue(await self._with_context(tasks, specs, trace))
+            telemetry.enqueued(queue, results)
+        return results
+
+    async def _with_context(
+        self,
+        tasks: list[NewTask],
+        specs: Sequence[TaskSpec],
+        trace: dict[str, str] | None = None,
+    ) -> list[NewTask]:
         """The tasks with the context they inherit from the code enqueueing them.
 
         The root: the root task of the handler running now (none outside a handler: each task
         is its own root). The deadline: the earliest of the deadline in force (monotonic) and
         each spec's own ``deadline`` (seconds from now), turned into an absolute time on the
         store's clock with the offset the worker measured at the claim, or else with one
-        :meth:`now` of the store for the whole call.
+        :meth:`now` of the store for the whole call. The trace: ``trace`` (the W3C trace
+        context of the enqueue's span), if given.
         """
         work = current_root()
         root = None if work is None else work.root
@@ -141,7 +160,7 @@ class AsyncQueue:
             timeouts.append(
                 None if spec.timeout is None else check.duration(spec.timeout, "timeout")
             )
-        if root is None and all(at is None for at in deadlines) and not any(timeouts):
+        if root is None and all(at is None for at in deadlines) and not any(timeouts) and not trace:
             return tasks
         offset = None if work is None else work.store_offset
         if offset is None and any(at is not None for at in deadlines):
@@ -150,7 +169,8 @@ class AsyncQueue:
         out: list[NewTask] = []
         for task, at, timeout in zip(tasks, deadlines, timeouts, strict=True):
             store_at = None if at is None or offset is None else at + offset
-            out.append(replace(task, context_json=encode_context(root, store_at, timeout)))
+            context = encode_context(root, store_at, timeout, trace)
+            out.append(replace(task, context_json=context))
         return out
 
     async def enqueue(
@@ -211,8 +231,8 @@ class AsyncQueue:
             deadline=deadline,
             timeout=timeout,
         )
-        task = self._new_task(check.queue_name(queue), spec)
-        (result,) = await self.backend.enqueue(await self._with_context([task], [spec]))
+        queue = check.queue_name(queue)
+        (result,) = await self._enqueue(queue, [self._new_task(queue, spec)], [spec])
         return result
 
     async def enqueue_many(self, queue: str, tasks: Iterable[TaskSpec | JSON]) -> list[Enqueued]:
@@ -229,8 +249,7 @@ class AsyncQueue:
         ]
         if not specs:
             return []
-        new = [self._new_task(queue, spec) for spec in specs]
-        return await self.backend.enqueue(await self._with_context(new, specs))
+        return await self._enqueue(queue, [self._new_task(queue, spec) for spec in specs], specs)
 
     # -- consuming ------------------------------------------------------------------------------
 

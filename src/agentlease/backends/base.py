@@ -32,8 +32,10 @@ is left as it is. ``delete_queue`` deletes one bounded batch of a queue's tasks 
 and the queue itself with its last batch.
 
 Task context. A task may carry ``context_json`` (:class:`~agentlease._records.NewTask`): a JSON
-object ``{"root": <task id>, "deadline": <seconds on the store's clock>}`` (either key
-optional) naming the root task it belongs to and the deadline of that tree of work. The store
+object ``{"root": <task id>, "deadline": <seconds on the store's clock>, "timeout": <seconds>,
+"traceparent": ..., "tracestate": ...}`` (every key optional) naming the root task it belongs
+to, the deadline of that tree of work, its own time limit per attempt and the W3C trace context
+it was enqueued in. The store
 keeps it verbatim with the task, writes it only at enqueue, and returns it unchanged in every
 :class:`~agentlease._records.Job` that ``claim`` (and ``complete_and_claim``) hands out and every
 :class:`~agentlease._records.Task` that ``get``, ``dead`` and ``fail`` return; it belongs to the
@@ -126,7 +128,8 @@ class Backend(Protocol):
         (to the front if ``terms.reap_front``; dead-lettered past ``max_reclaims``), pick by
         priority (higher first) then sequence, mark leased with a fresh random token per task,
         ``attempt += 1``, expiry from the store's clock. Returns the jobs in pick order (each with
-        its task's ``context_json``) and the leases it reaped.
+        its task's ``context_json`` and ``run_at``, the time it became due, for the queue
+        latency) and the leases it reaped.
         """
         ...
 

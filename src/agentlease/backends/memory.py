@@ -324,6 +324,7 @@ class MemoryBackend(MemoryKeys, MemoryState):
                         t.failures,
                         t.reclaims,
                         t.context_json,
+                        t.run_at,
                     )
                 )
             return jobs, reaped

@@ -408,7 +408,16 @@ class SQLiteBackend(SQLiteKeys, SQLiteState):
         ).fetchall()
         rows.sort(key=lambda r: (-r[5], r[8]))
         jobs = [
-            Job(Lease(r[0], queue, r[1], r[2], now, expires), r[3], r[4], r[5], r[6], r[7], r[9])
+            Job(
+                Lease(r[0], queue, r[1], r[2], now, expires),
+                r[3],
+                r[4],
+                r[5],
+                r[6],
+                r[7],
+                r[9],
+                r[10],
+            )
             for r in rows
         ]
         return jobs, reaped

@@ -521,9 +521,9 @@ def _claimed(queue: str, rows: Sequence[Any]) -> tuple[list[Job], list[Reaped]]:
     reaped: list[Reaped] = []
     for task_id, outcome, token, attempt, payload, checkpoint, *rest in rows:
         if outcome is None:
-            priority, failures, reclaims, leased_at, expires_at, rank, context = rest
+            priority, failures, reclaims, leased_at, expires_at, rank, context, run_at = rest
             lease = Lease(task_id, queue, token, attempt, leased_at, expires_at)
-            job = Job(lease, payload, checkpoint, priority, failures, reclaims, context)
+            job = Job(lease, payload, checkpoint, priority, failures, reclaims, context, run_at)
             ranked.append((rank, job))
         else:
             reaped.append(Reaped(task_id, queue, attempt, outcome))

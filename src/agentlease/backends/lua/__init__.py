@@ -455,8 +455,9 @@ def jobs_from(
             v[i + 5],
             v[i + 6],
             v[i + 7],
+            float(v[i + 8]),
         )
-        for j, i in enumerate(range(0, len(v), 8))
+        for j, i in enumerate(range(0, len(v), 9))
     ]
 
 

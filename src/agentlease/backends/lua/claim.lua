@@ -22,9 +22,10 @@
 --       promotions and on reaps; 2 n tokens of 32 characters, concatenated
 -- Returns: {seconds, microseconds, expires_at, jobs, reaped}: now as TIME's two integers;
 --          expires_at of the leases granted, as an exact '%.17g' string (nil if none); jobs
---          flat, 8 values per job in pick order: id, attempt, payload, checkpoint (nil if none),
---          priority, failures, reclaims, context (nil if none) (the j-th job holds the j-th
---          token); reaped flat, 3 values each: id, attempt, 'requeued' | 'dead' | 'cancelled'.
+--          flat, 9 values per job in pick order: id, attempt, payload, checkpoint (nil if none),
+--          priority, failures, reclaims, context (nil if none), run_at (when the task became
+--          due, an exact '%.17g' string) (the j-th job holds the j-th token); reaped flat, 3
+--          values each: id, attempt, 'requeued' | 'dead' | 'cancelled'.
 -- A queue none of whose tasks ever had a context has no contexts hash: one EXISTS per claim,
 -- then no read per job.
 local tasks, payloads, checkpoints, counters = KEYS[1], KEYS[2], KEYS[3], KEYS[5]
@@ -96,7 +97,8 @@ if count == 1 then
   -- The head of the record (the lease's values, up to the last progress), then what the job
   -- needs; the head is written back, the rest kept as it is (see save_head).
   local off, _, attempt, _, _, req, finished = cmsgpack.unpack_limit(raw, 10, 3)
-  local _, prio, failures, reclaims, checkpointed, inline = cmsgpack.unpack_limit(raw, 5, off)
+  local _, prio, failures, reclaims, checkpointed, inline, _, _, _, _, run_at =
+    cmsgpack.unpack_limit(raw, 10, off)
   attempt = attempt + 1
   save_head(tasks, id, raw, off, LEASED, attempt, string.sub(tokens, 1, 32), expires, req,
             finished, now, deadline, ptimeout, now)
@@ -106,7 +108,7 @@ if count == 1 then
   local context = false
   if redis.call('EXISTS', KEYS[13]) == 1 then context = redis.call('HGET', KEYS[13], id) end
   jobs = {id, attempt, inline or redis.call('HGET', payloads, id), checkpoint, prio, failures,
-          reclaims, context}
+          reclaims, context, string.format('%.17g', run_at)}
   return {time[1], time[2], expires_s, jobs, reaped}
 end
 -- A batch: the records are read with one HMGET and written back with one HSET, the index with
@@ -130,7 +132,8 @@ for c = 1, count, 1000 do
   for j = c, last do
     local id, raw = ids[j], raws[j - c + 1]
     local off, _, attempt, _, _, req, finished = cmsgpack.unpack_limit(raw, 10, 3)
-    local _, prio, failures, reclaims, checkpointed, inline = cmsgpack.unpack_limit(raw, 5, off)
+    local _, prio, failures, reclaims, checkpointed, inline, _, _, _, _, run_at =
+      cmsgpack.unpack_limit(raw, 10, off)
     attempt = attempt + 1
     local packed_attempt, nonce_finished
     if attempt < 128 then
@@ -160,6 +163,7 @@ for c = 1, count, 1000 do
     jobs[b + 6] = failures
     jobs[b + 7] = reclaims
     jobs[b + 8] = contexts and redis.call('HGET', KEYS[13], id)
+    jobs[b + 9] = string.format('%.17g', run_at)
   end
 end
 for c = 1, #records, 1000 do

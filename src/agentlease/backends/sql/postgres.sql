@@ -84,13 +84,19 @@ JOIN agentlease_tasks t ON t.queue = k.queue AND t.dedup_key = k.dedup_key;
 -- name: claim
 -- One call of agentlease_claim_context() (postgres_migrations/0008_task_context.sql;
 -- agentlease_claim_ranked() of 0006_leaner_calls.sql with each job's context): the reaped leases
--- and the jobs, each job with its rank in pick order (the rows come in no order).
-SELECT task_id, reaped, token, attempt, payload, checkpoint, priority, failures, reclaims,
-       leased_at, expires_at, rank, context
+-- and the jobs, each job with its rank in pick order (the rows come in no order), and the time
+-- it became due (run_at, which a claim does not change), read by primary key from the row as
+-- this statement's snapshot sees it: NULL for a task enqueued after the statement began.
+SELECT c.task_id, c.reaped, c.token, c.attempt, c.payload, c.checkpoint, c.priority,
+       c.failures, c.reclaims, c.leased_at, c.expires_at, c.rank, c.context,
+       CASE WHEN c.reaped IS NULL THEN
+           (SELECT extract(epoch FROM t.run_at)::float8
+            FROM agentlease_tasks t WHERE t.id = c.task_id)
+       END
 FROM agentlease_claim_context(
     %(queue)s::text, %(n)s::integer, %(lease_for)s::float8, %(max_total)s::float8,
     %(progress_timeout)s::float8, %(front)s::boolean
-);
+) AS c;
 
 -- name: reap
 SELECT task_id, attempt, outcome

@@ -268,7 +268,8 @@ SET state = 'leased', token = lower(hex(randomblob(16))), attempt = attempt + 1,
 WHERE id IN (SELECT id FROM agentlease_tasks
              WHERE queue = :queue AND state = 'queued'
              ORDER BY priority DESC, seq LIMIT :n)
-RETURNING id, token, attempt, payload, checkpoint, priority, failures, reclaims, seq, context;
+RETURNING id, token, attempt, payload, checkpoint, priority, failures, reclaims, seq, context,
+          run_at;
 
 -- name: extend
 -- The new expiry is agentlease._policy.lease.lease_expiry, written in SQL.
