@@ -71,13 +71,18 @@ MAX_REASON = 1000
 
 def reason(value: object) -> str:
     """Return ``value`` if it is a cancel reason: a str of 1 to :data:`MAX_REASON` characters
-    with no control characters (it is shown in one line), else raise :class:`InvalidInput`."""
+    with no control characters (it is shown in one line) and no lone surrogates (it is stored
+    as UTF-8), else raise :class:`InvalidInput`."""
     if not isinstance(value, str):
         raise InvalidInput(f"reason must be a str, not {type(value).__name__}")
     if not value.strip() or len(value) > MAX_REASON:
         raise InvalidInput(f"reason must be 1 to {MAX_REASON} characters, not {len(value)}")
     if any(ord(c) < 32 or ord(c) == 127 for c in value):
         raise InvalidInput("reason must not hold control characters (newlines included)")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidInput("reason must be valid Unicode (no lone surrogates)") from None
     return value
 
 

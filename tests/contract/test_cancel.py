@@ -206,7 +206,7 @@ def test_unknown_task_and_bad_input_change_nothing(store: Store) -> None:
         q.cancel("", "why")
     with pytest.raises(InvalidName):
         q.cancel(42, "why")  # type: ignore[arg-type]
-    for bad in ["", "   ", "x" * 1001, "two\nlines", None, 3]:
+    for bad in ["", "   ", "x" * 1001, "two\nlines", "nul\x00", "lone \ud800", None, 3]:
         with pytest.raises(InvalidInput):
             q.cancel("t", bad)  # type: ignore[arg-type]
     assert q.get("t").state == "queued"
