@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
@@ -110,3 +116,76 @@ def test_delete_queue_refuses_leased_tasks_unless_forced(run, sqlite_url: str) -
             q.complete(job.lease, None)
         q.enqueue("other", {})
     assert "between 1 and" in refused(run("delete-queue", "other", "--yes", "--batch", "0"))
+
+
+HANDLERS = '''
+import pathlib
+
+import agentlease as al
+
+
+def patient(ctx: al.JobContext) -> al.JSON:
+    """Waits until told to stop; records what it was told, in a file beside it."""
+    ctx.wait(60)
+    try:
+        ctx.check()
+    except al.TaskCancelled as exc:
+        pathlib.Path(__file__).with_name("told.txt").write_text(exc.reason)
+        raise
+    return "never cancelled"
+'''
+
+
+def test_a_worker_process_stops_the_handler_of_a_task_cancelled_from_another(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    (tmp_path / "cancel_handlers.py").write_text(HANDLERS)
+    with al.Queue.connect(sqlite_url) as q:
+        q.enqueue("jobs", {}, id="long")
+    proc = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "agentlease", "worker", "cancel_handlers:patient"),
+            *("--queue", "jobs", "--backend", sqlite_url, "--lease-for", "3"),
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    try:
+        deadline = time.monotonic() + 30
+        with al.Queue.connect(sqlite_url) as q:
+            while q.get("long").state != "leased":
+                assert proc.poll() is None, proc.communicate()
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+        out = subprocess.run(
+            [
+                *(sys.executable, "-m", "agentlease", "cancel", "long"),
+                *("--reason", "operator stop", "--backend", sqlite_url),
+            ],
+            capture_output=True,
+            check=False,
+            env={**os.environ, "COLUMNS": "200"},
+            timeout=60,
+        )
+        assert out.returncode == 0, out.stderr.decode()
+        assert b"cancel requested" in out.stdout
+        told = tmp_path / "told.txt"
+        while not told.exists():  # the worker's next heartbeat tells the handler
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline + 30
+            time.sleep(0.05)
+        assert told.read_text() == "operator stop"
+        with al.Queue.connect(sqlite_url) as q:
+            task = q.get("long")
+            assert task.state == "cancelled"
+            assert task.cancel_reason == "operator stop"
+            assert task.result is None
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0
