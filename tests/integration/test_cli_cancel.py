@@ -189,3 +189,43 @@ def test_a_worker_process_stops_the_handler_of_a_task_cancelled_from_another(
             proc.kill()
             proc.communicate()
     assert proc.returncode == 0
+
+
+def test_a_cancelled_task_whose_worker_was_killed_is_reaped_as_cancelled(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    (tmp_path / "cancel_handlers.py").write_text(HANDLERS)
+    with al.Queue.connect(sqlite_url) as q:
+        q.enqueue("jobs", {}, id="orphan", partition="acct")
+        q.enqueue("jobs", {}, id="next", partition="acct")
+    proc = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "agentlease", "worker", "cancel_handlers:patient"),
+            *("--queue", "jobs", "--backend", sqlite_url, "--lease-for", "5"),
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    try:
+        deadline = time.monotonic() + 30
+        with al.Queue.connect(sqlite_url) as q:
+            while q.get("orphan").state != "leased":
+                assert proc.poll() is None, proc.communicate()
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+    finally:
+        proc.kill()  # SIGKILL: the holder vanishes without a word
+        proc.communicate()
+    with al.Queue.connect(sqlite_url) as q:
+        assert q.cancel("orphan", "holder is gone").outcome == "requested"
+        while q.get("orphan").state == "leased":  # its lease runs out; the reaper decides
+            assert time.monotonic() < deadline + 30
+            q.reap("jobs")
+            time.sleep(0.1)
+        task = q.get("orphan")
+        assert task.state == "cancelled"
+        assert task.cancel_reason == "holder is gone"
+        assert task.reclaims == 0  # never requeued
+        assert q.get("next").state == "queued"  # the partition is free
