@@ -23,6 +23,8 @@ __all__ = [
     "BreakerState",
     "BreakerStatus",
     "BudgetState",
+    "CancelOutcome",
+    "Cancellation",
     "Enqueued",
     "Job",
     "KeyHold",
@@ -49,10 +51,13 @@ __all__ = [
     "open_attempt",
 ]
 
-TaskState = Literal["parked", "scheduled", "queued", "leased", "failed", "done", "dead"]
+TaskState = Literal[
+    "parked", "scheduled", "queued", "leased", "failed", "done", "dead", "cancelled"
+]
 """``parked``: waiting behind an unfinished task of the same partition; ``scheduled``: waiting
 for ``run_at``; ``queued``: ready; ``leased``: held by a worker; ``failed``: raised and waiting
-for its retry time; ``done``: completed; ``dead``: dead-lettered."""
+for its retry time; ``done``: completed; ``dead``: dead-lettered; ``cancelled``: cancelled by
+:meth:`~agentlease.Queue.cancel` (its reason in ``cancel_reason``)."""
 
 STATES: tuple[TaskState, ...] = (
     "parked",
@@ -62,7 +67,10 @@ STATES: tuple[TaskState, ...] = (
     "failed",
     "done",
     "dead",
+    "cancelled",
 )
+FINISHED: tuple[TaskState, ...] = ("done", "dead", "cancelled")
+"""The terminal states: nothing moves a task out of them but ``requeue_dead`` (dead only)."""
 BUSY: tuple[TaskState, ...] = ("scheduled", "queued", "leased", "failed")
 """The states that keep a task's partition busy: its later tasks stay parked meanwhile."""
 
@@ -175,6 +183,9 @@ class Task:
     error_json: bytes | None = None
     partition: str | None = None
     context_json: bytes | None = None
+    cancel_reason: str | None = None
+    """Why the task was cancelled, once a cancel was asked for: ``cancelled`` tasks, and
+    ``leased`` ones whose holder has not been told yet (its next heartbeat ends them)."""
     attempts: tuple[Attempt, ...] = field(default=(), compare=False)
     """The task's last attempts (at most :data:`ATTEMPTS_KEPT`), oldest first, as ``get``
     reads them; empty where a primitive returns a task without them (``fail``, ``dead``), so
@@ -184,6 +195,11 @@ class Task:
     def payload(self) -> JSON:
         """The payload, decoded."""
         return decode(self.payload_json)
+
+    @property
+    def cancel_requested(self) -> bool:
+        """Whether a cancel was asked for while the task was leased, and not yet carried out."""
+        return self.state == "leased" and self.cancel_reason is not None
 
     @property
     def root_id(self) -> str:
@@ -382,7 +398,48 @@ class Reaped:
     task_id: str
     queue: str
     attempt: int
-    outcome: Literal["requeued", "dead"]
+    outcome: Literal["requeued", "dead", "cancelled"]
+
+
+CancelOutcome = Literal["cancelled", "requested", "finished"]
+"""``cancelled``: the task was waiting (queued, scheduled, failed, parked) or its lease had run
+out, and is now ``cancelled``; ``requested``: it is leased, and its holder is told at its next
+heartbeat (the task then ends ``cancelled``); ``finished``: it had already ended (done, dead or
+cancelled) and nothing changed."""
+
+
+@dataclass(frozen=True, slots=True)
+class Cancellation:
+    """What :meth:`~agentlease.Queue.cancel` did, decided in one atomic step on the store.
+
+    Attributes:
+        task_id: the task.
+        outcome: see :data:`CancelOutcome`.
+        state: the task's state after the call.
+        reason: the reason in force: the one given, or for a task already cancelled (or with a
+            cancel already requested), the first one.
+    """
+
+    task_id: str
+    outcome: CancelOutcome
+    state: TaskState
+    reason: str | None
+
+
+def cancel_error(reason: str) -> bytes:
+    """The error a cancelled task keeps (written when the cancel is asked for): ``{"type":
+    "TaskCancelled", "message": ..., "reason": <the reason>}``."""
+    error = {"type": "TaskCancelled", "message": f"cancelled: {reason}", "reason": reason}
+    return orjson.dumps(error)
+
+
+def reason_of(error_json: bytes | None) -> str | None:
+    """The cancel reason in a stored cancel error (see :func:`cancel_error`), else ``None``."""
+    error = _context(error_json)
+    reason = error.get("reason")
+    if error.get("type") != "TaskCancelled" or not isinstance(reason, str):
+        return None
+    return reason
 
 
 @dataclass(frozen=True, slots=True)
@@ -607,7 +664,7 @@ def task_from_row(row: Sequence[Any]) -> Task:
     """A :class:`Task` from a SQL row of its columns in the order the backends select them:
     id, queue, state, priority, payload, attempt, reclaims, failures, max_reclaims, created_at,
     run_at, dedup_key, leased_at, expires_at, finished_at, progress, checkpoint, result, error,
-    and optionally partition, context and the attempts (a JSON array, see
+    and optionally partition, context, cancel reason and the attempts (a JSON array, see
     :func:`attempts_from_json`)."""
     return Task(
         id=row[0],
@@ -631,7 +688,8 @@ def task_from_row(row: Sequence[Any]) -> Task:
         error_json=row[18],
         partition=row[19] if len(row) > 19 else None,
         context_json=None if len(row) <= 20 or row[20] is None else bytes(row[20]),
-        attempts=attempts_from_json(row[21]) if len(row) > 21 else (),
+        cancel_reason=row[21] if len(row) > 21 else None,
+        attempts=attempts_from_json(row[22]) if len(row) > 22 else (),
     )
 
 

@@ -63,6 +63,7 @@ REDIS_CLIENT = (
     "hdel",
     "sadd",  # <prefix>:queues
     "smembers",
+    "srem",  # <prefix>:queues, when a queue is deleted
     "hgetall",  # a versioned record, read
 )
 """Commands the client sends itself (besides AUTH, which needs no right)."""
@@ -79,12 +80,15 @@ REDIS_SCRIPTS = (
     "hincrby",
     "hlen",
     "hmget",
+    "hrandfield",  # delete_queue: a batch of a queue's tasks
     "hset",
     "incrby",
     "pexpireat",
     "time",
+    "unlink",  # delete_queue: the keys of a queue once its last task is deleted
     "zadd",
     "zcard",
+    "zcount",  # delete_queue: the live leases that refuse it
     "zincrby",
     "zmscore",
     "zpopmin",
@@ -103,8 +107,8 @@ REDIS_CLUSTER = ("cluster|slots", "command")
 
 WORKER_TABLES: dict[str, tuple[str, ...]] = {
     "agentlease_migrations": ("SELECT",),  # the schema's version, checked on connect
-    "agentlease_queues": ("SELECT", "INSERT", "UPDATE"),
-    "agentlease_tasks": ("SELECT", "INSERT", "UPDATE"),
+    "agentlease_queues": ("SELECT", "INSERT", "UPDATE", "DELETE"),  # DELETE: delete_queue
+    "agentlease_tasks": ("SELECT", "INSERT", "UPDATE", "DELETE"),
     "agentlease_keys": ("SELECT", "INSERT", "UPDATE", "DELETE"),
     "agentlease_records": ("SELECT", "INSERT", "UPDATE"),
     "agentlease_record_fields": ("SELECT", "INSERT", "UPDATE", "DELETE"),
@@ -129,8 +133,10 @@ WORKER_FUNCTIONS = (
     "agentlease_breaker_admit",
     "agentlease_breaker_record",
     "agentlease_breaker_wait",
+    "agentlease_cancel",
     "agentlease_claim_holder",
     "agentlease_complete_many",
+    "agentlease_delete_queue",
     "agentlease_end_hold",
     "agentlease_enqueue_context",
     "agentlease_extend",

@@ -65,6 +65,27 @@ def task_id(value: object) -> str:
     return value
 
 
+MAX_REASON = 1000
+"""The longest cancel reason accepted, in characters."""
+
+
+def reason(value: object) -> str:
+    """Return ``value`` if it is a cancel reason: a str of 1 to :data:`MAX_REASON` characters
+    with no control characters (it is shown in one line) and no lone surrogates (it is stored
+    as UTF-8), else raise :class:`InvalidInput`."""
+    if not isinstance(value, str):
+        raise InvalidInput(f"reason must be a str, not {type(value).__name__}")
+    if not value.strip() or len(value) > MAX_REASON:
+        raise InvalidInput(f"reason must be 1 to {MAX_REASON} characters, not {len(value)}")
+    if any(ord(c) < 32 or ord(c) == 127 for c in value):
+        raise InvalidInput("reason must not hold control characters (newlines included)")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidInput("reason must be valid Unicode (no lone surrogates)") from None
+    return value
+
+
 def duration(value: object, what: str) -> float:
     """Return ``value`` as seconds if it is a positive finite number."""
     seconds = _seconds(value, what)

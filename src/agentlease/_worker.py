@@ -43,6 +43,14 @@ sync one sees ``ctx.cancelled`` / ``ctx.check()``; the attempt fails with
 error. A sync handler that ignores its cancel token keeps its lease (the heartbeat goes on) until
 it returns, so a retry never runs beside it; what it returns then is not accepted.
 
+Cancellation. A task cancelled while its handler runs (:meth:`~agentlease.Queue.cancel`) is
+refused its next extension: the heartbeat reads the task, finds it cancelled and loses the lease
+with the cancel's reason, so an async handler is cancelled and a sync one sees ``ctx.cancelled``
+(``ctx.check()`` raises :class:`~agentlease.errors.TaskCancelled`). Nothing is written for it.
+If the handler meets the cancellation first (a progress write or its final write refused with
+``TaskCancelled``), the worker extends the lease once more, which ends the task ``cancelled``
+at once instead of when its lease runs out.
+
 Shutdown (``stop()``, SIGTERM or SIGINT) stops claiming, lets running handlers finish within the
 grace period, then cancels what is left. Tasks claimed ahead that never started go back to
 the front at once. A lease goes back to the front of its queue only when no
@@ -113,6 +121,7 @@ from agentlease.errors import (
     DeadlineExceeded,
     LeaseLost,
     PayloadError,
+    TaskCancelled,
     TaskTimeout,
 )
 
@@ -706,6 +715,9 @@ class AsyncWorker:
             if isinstance(error, asyncio.CancelledError | Cancelled):
                 if not held.lost.is_set():  # else the lease is gone: nothing may be written
                     await self._give_back(job)  # shutdown past grace: it runs again first
+                return
+            if isinstance(error, TaskCancelled):
+                await self._writes.end_cancelled(held)  # the task ends cancelled now
                 return
             if isinstance(error, LeaseLost):
                 return  # a fenced write inside the handler was refused: the lease is gone

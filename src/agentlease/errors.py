@@ -16,6 +16,8 @@ Every refusal is one of these classes, so callers can catch exactly what they me
     │   ├── UnknownTask                         no task with that id
     │   └── UnknownQueue                        nothing was ever enqueued to that queue
     ├── LeaseLost                               a holder write with a stale or expired lease
+    │   └── TaskCancelled                       the task was cancelled (reason attached)
+    ├── QueueInUse                              delete-queue refused: tasks are leased (force)
     ├── IdempotencyError                        an idempotent action was refused
     │   ├── DuplicateInFlight                   another attempt holds the key now (retry_after)
     │   ├── IdempotencyConflict                 the key was used with other arguments
@@ -98,6 +100,7 @@ __all__ = [
     "PayloadTooLarge",
     "PermissionDenied",
     "PlanDiverged",
+    "QueueInUse",
     "ReconciliationConflict",
     "ReplayedFailure",
     "ReservationLost",
@@ -105,6 +108,7 @@ __all__ = [
     "SchemaNotMigrated",
     "SchemaTooNew",
     "TLSRefused",
+    "TaskCancelled",
     "TaskTimeout",
     "ToolUnavailable",
     "TransitionRefused",
@@ -205,6 +209,42 @@ class LeaseLost(AgentLeaseError):
         self.current_attempt = current_attempt
         self.state = state
         self.reason = reason
+
+
+class TaskCancelled(LeaseLost):
+    """The task was cancelled (:meth:`~agentlease.Queue.cancel`): the write of the attempt that
+    held it is refused and changes nothing; ``reason`` is the reason given to the cancel.
+
+    A :class:`LeaseLost`, so code that stops on a lost lease stops on a cancellation too.
+    """
+
+    def __init__(
+        self,
+        task_id: str,
+        reason: str,
+        *,
+        attempt: int | None = None,
+        current_attempt: int | None = None,
+    ) -> None:
+        AgentLeaseError.__init__(self, f"task {task_id!r} was cancelled: {reason}")
+        self.task_id = task_id
+        self.attempt = attempt if attempt is not None else 0
+        self.current_attempt = current_attempt
+        self.state = "cancelled"
+        self.reason = reason
+
+
+class QueueInUse(AgentLeaseError):
+    """A queue was not deleted because some of its tasks are leased now (``leased`` of them);
+    nothing was deleted by the step that found them. Stop its workers, or delete with
+    ``force=True`` (the holders' later writes are then refused)."""
+
+    def __init__(self, queue: str, leased: int) -> None:
+        super().__init__(
+            f"queue {queue!r} has {leased} leased task(s): stop its workers or delete with force"
+        )
+        self.queue = queue
+        self.leased = leased
 
 
 class IdempotencyError(AgentLeaseError):

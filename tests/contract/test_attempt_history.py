@@ -125,3 +125,44 @@ async def test_async_face_records_attempts(store: Store) -> None:
         ]
     finally:
         await q.close()
+
+
+def test_a_cancelled_lease_ends_its_attempt_cancelled_at_the_heartbeat_or_the_reaper(
+    store: Store,
+) -> None:
+    q = store.queue()
+    q.enqueue(Q, {}, id="told")
+    (told,) = q.claim(Q, lease_for=LIVE, holder="w-told")
+    assert q.cancel("told", "not needed").outcome == "requested"
+    assert q.get("told").attempts[-1].ended is None  # the holder has not been told yet
+    assert q.extend([told.lease]) == [None]  # its heartbeat ends the task
+    (a,) = q.get("told").attempts
+    assert (a.worker, a.outcome) == ("w-told", "cancelled")
+    assert a.ended is not None
+
+    q.enqueue(Q, {}, id="gone")
+    q.claim(Q, lease_for=SHORT, holder="w-gone")
+    assert q.cancel("gone", "stop").outcome == "requested"
+    time.sleep(PAST)
+    q.reap(Q)  # its holder vanished: the reaper carries the cancel out
+    assert q.get("gone").state == "cancelled"
+    (b,) = q.get("gone").attempts
+    assert (b.worker, b.outcome) == ("w-gone", "cancelled")
+
+    q.enqueue(Q, {}, id="late")
+    q.claim(Q, lease_for=SHORT, holder="w-late")
+    time.sleep(PAST)
+    assert q.cancel("late", "too late").outcome == "cancelled"  # the lease had run out
+    (c,) = q.get("late").attempts
+    assert (c.worker, c.outcome) == ("w-late", "cancelled")
+
+
+def test_deleting_a_queue_deletes_its_attempt_histories(store: Store) -> None:
+    q = store.queue()
+    q.enqueue(Q, {}, id="kept")
+    (job,) = q.claim(Q, lease_for=LIVE, holder="w")
+    q.complete(job.lease, None)
+    assert len(q.get("kept").attempts) == 1
+    assert q.delete_queue(Q) == 1
+    q.enqueue(Q, {}, id="kept")  # the same id, anew: no history carried over
+    assert q.get("kept").attempts == ()

@@ -76,6 +76,7 @@ def test_enqueue_then_stats_counts_every_state(run, sqlite_url: str, tmp_path: P
         "failed": 0,
         "done": 1,
         "dead": 0,
+        "cancelled": 0,
     }
     assert jobs["depth"] == 5
     assert jobs["oldest_queued_age"] >= 0

@@ -153,7 +153,16 @@ def test_a_worker_reports_the_spans_and_metrics_of_what_happened(
     assert latency.min >= 0.0
     depths = points["agentlease.queue.depth"]
     depth = {p.attributes["agentlease.task.state"]: p.value for p in depths}
-    assert set(depth) == {"parked", "scheduled", "queued", "leased", "failed", "done", "dead"}
+    assert set(depth) == {
+        "parked",
+        "scheduled",
+        "queued",
+        "leased",
+        "failed",
+        "done",
+        "dead",
+        "cancelled",
+    }
     assert sum(depth.values()) == 5  # one snapshot of the five tasks
     assert {p.attributes["messaging.destination.name"] for p in depths} == {Q}
     queue.close()

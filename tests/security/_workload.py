@@ -59,6 +59,7 @@ def _queue(url: str) -> None:
         (tick,) = al.Scheduler(queue, [hourly]).run_once()
         assert tick.created
         _workers(queue)
+        _cancel(queue, name)
 
 
 def _workers(queue: al.Queue) -> None:
@@ -69,6 +70,39 @@ def _workers(queue: al.Queue) -> None:
     queue.register_worker(me, {"pid": 2, "queues": [QUEUE]}, ttl=30)
     assert me in [w.id for w in queue.workers()]
     assert queue.unregister_worker(me)
+
+
+def _cancel(queue: al.Queue, name: str) -> None:
+    """Cancel a waiting task and a leased one (told at its extend, refused at its write), then
+    delete the queue: refused while a lease lives, then in batches, then forced."""
+    gone = f"{name}-cancel"
+    queue.enqueue_many(gone, [{"n": i} for i in range(5)])
+    waiting = queue.enqueue(gone, {"n": 5}, delay=60).task_id
+    assert queue.cancel(waiting, "not needed").outcome == "cancelled"
+    (job,) = queue.claim(gone, n=1)
+    assert queue.cancel(job.task_id, "stop").outcome == "requested"
+    try:
+        queue.progress(job.lease, {"step": 1})
+    except al.TaskCancelled:
+        pass
+    else:
+        raise AssertionError("a cancelled lease's write was accepted")
+    assert queue.extend([job.lease]) == [None]
+    assert queue.get(job.task_id).state == "cancelled"
+    assert queue.cancel(job.task_id, "again").outcome == "finished"
+    (held,) = queue.claim(gone, n=1)
+    try:
+        queue.delete_queue(gone)
+    except al.QueueInUse:
+        pass
+    else:
+        raise AssertionError("a queue with a live lease was deleted")
+    queue.complete(held.lease, None)
+    assert queue.delete_queue(gone, batch=2) == 6
+    forced = f"{name}-forced"
+    queue.enqueue(forced, {})
+    queue.claim(forced, n=1)
+    assert queue.delete_queue(forced, force=True) == 1
 
 
 def _keys(url: str) -> None:
@@ -159,6 +193,11 @@ async def exercise_async(url: str) -> None:
         await worker.run(burst=True)
         assert (await queue.stats("rights-async")).counts == {"done": 1}
         assert worker.id not in [w.id for w in await queue.workers()]  # removed at the stop
+        await queue.enqueue("rights-async", {"n": 2}, id=f"c-{uuid.uuid4().hex}")
+        (job,) = await queue.claim("rights-async")
+        assert (await queue.cancel(job.task_id, "async stop")).outcome == "requested"
+        assert await queue.extend([job.lease]) == [None]
+        assert await queue.delete_queue("rights-async") == 2
     async with al.AsyncIdempotency.connect(url) as keys:
         task = uuid.uuid4().hex
         act = await keys.begin("send", {"to": "ada"}, step="s", task_id=task)

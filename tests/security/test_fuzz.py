@@ -279,6 +279,32 @@ def test_claim_and_reads(fuzz: Fuzz) -> None:
     run(fuzz, drawn, body)
 
 
+def test_cancel_and_delete_queue(fuzz: Fuzz) -> None:
+    reasons = st.one_of(s.names(), s.nasty_text, st.just("x" * 1001), st.just("stop"))
+    drawn = st.tuples(
+        st.sampled_from(["cancel", "cancel_fresh", "delete_queue"]),
+        s.names(),
+        reasons,
+        s.int_args(0, 3),
+        st.one_of(st.booleans(), s.not_str),
+    )
+
+    def body(args: tuple[str, Any, Any, Any, Any]) -> None:
+        what, name, reason, n, force = args
+        if isinstance(name, str) and name in fuzz.watched:
+            return  # it works on them, and they are what every other call is checked against
+        q = fuzz.queue
+        if what == "cancel_fresh":  # a task that exists, so the reason reaches the store
+            name = fresh("c")
+            q.enqueue(fresh("cq"), {}, id=name)
+        if what != "delete_queue":
+            fuzz.refused_or_works(lambda: q.cancel(name, reason), name)
+        else:
+            fuzz.refused_or_works(lambda: q.delete_queue(name, force=force, batch=n), name)
+
+    run(fuzz, drawn, body)
+
+
 def test_holder_writes(fuzz: Fuzz) -> None:
     """complete, fail, progress, extend and release with hostile values, and with forged
     leases; a refusal leaves the leased task as it was."""

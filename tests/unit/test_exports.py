@@ -69,6 +69,10 @@ PUBLIC = {
     "SchemaTooNew",
     "TLSRefused",
     "Cancelled",
+    "CancelOutcome",
+    "Cancellation",
+    "TaskCancelled",
+    "QueueInUse",
     "TaskTimeout",
     "AsyncFactBoard",
     "FactBoard",
@@ -236,5 +240,5 @@ def test_every_error_descends_from_one_root() -> None:
 
 
 def test_every_public_name_is_documented() -> None:
-    for name in PUBLIC - {"JSON", "TaskState", "KeyState", "__version__"}:
+    for name in PUBLIC - {"JSON", "TaskState", "KeyState", "CancelOutcome", "__version__"}:
         assert getattr(agentlease, name).__doc__, name

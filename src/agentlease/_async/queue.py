@@ -20,6 +20,7 @@ from agentlease._codec import JSON, encode
 from agentlease._deadline import current_deadline, current_root
 from agentlease._events import Event, Events
 from agentlease._records import (
+    Cancellation,
     Enqueued,
     Job,
     Lease,
@@ -30,11 +31,18 @@ from agentlease._records import (
     Task,
     TaskSpec,
     WorkerInfo,
+    cancel_error,
     encode_context,
 )
 from agentlease._settings import QueueSettings
 from agentlease.backends import AsyncBackend, connect_async
-from agentlease.errors import InvalidInput, LeaseLost, ToolUnavailable, UnknownTask
+from agentlease.errors import (
+    InvalidInput,
+    LeaseLost,
+    ToolUnavailable,
+    UnknownQueue,
+    UnknownTask,
+)
 
 # The stored error keeps this much of a message and of the end of a traceback (characters).
 MAX_MESSAGE = 4000
@@ -526,6 +534,62 @@ class AsyncQueue:
         return await self.backend.requeue_dead(
             check.queue_name(queue), ids, check.flag(front, "front")
         )
+
+    async def cancel(self, task_id: str, reason: str = "cancelled") -> Cancellation:
+        """Cancel a task, in one atomic step on the store.
+
+        A task that waits (queued, scheduled, failed waiting for its retry, parked) becomes
+        ``cancelled`` at once, with ``reason`` and ``finished_at``, and frees its partition as a
+        completion does. A leased task is flagged: its holder's writes (complete, fail, release,
+        progress, checkpoint) are refused from now on with
+        :class:`~agentlease.errors.TaskCancelled`, its worker learns it at its next heartbeat
+        and cancels the handler, and the task ends ``cancelled`` then (or when the reaper finds
+        its lease run out, if the holder is gone: never requeued). A task that has already
+        ended (done, dead, cancelled) is left as it is: the outcome says ``finished``.
+
+        Args:
+            task_id: the task.
+            reason: why, 1 to 1000 characters on one line; kept with the task (a reason asked
+                for earlier wins).
+
+        Returns:
+            What happened: ``outcome`` ``cancelled``, ``requested`` or ``finished``.
+
+        Raises:
+            UnknownTask: no task has that id.
+            InvalidInput: a bad id or reason (nothing changed).
+        """
+        task_id, reason = check.task_id(task_id), check.reason(reason)
+        return await self.backend.cancel(task_id, reason, cancel_error(reason))
+
+    async def delete_queue(self, queue: str, *, force: bool = False, batch: int = 1000) -> int:
+        """Delete every task of a queue and the queue itself, in atomic batches of ``batch``
+        tasks (so a queue of a million tasks never takes one giant step).
+
+        Workers of the queue should be stopped first. Unless ``force``, a batch that finds a
+        live lease in the queue raises :class:`~agentlease.errors.QueueInUse` and deletes
+        nothing (earlier batches stay deleted). With ``force``, leased tasks are deleted too:
+        their holders' later writes are refused (the task is unknown to the store).
+
+        Returns:
+            How many tasks were deleted.
+
+        Raises:
+            UnknownQueue: nothing was ever enqueued to that queue.
+            QueueInUse: a live lease was found and ``force`` is false.
+            InvalidInput: a bad queue name or batch size (nothing changed).
+        """
+        queue = check.queue_name(queue)
+        force = check.flag(force, "force")
+        batch = check.batch_size(batch)
+        if queue not in await self.backend.queues():
+            raise UnknownQueue(queue)
+        total = 0
+        while True:
+            deleted, gone = await self.backend.delete_queue(queue, batch, force)
+            total += deleted
+            if gone:
+                return total
 
     # -- events ---------------------------------------------------------------------------------
 

@@ -322,5 +322,6 @@ def _refused_login(where: str, exc: psycopg.Error, detail: str) -> BackendRefuse
 
 
 def task(row: tuple[Any, ...]) -> Task:
-    """A :class:`Task` from the 21 columns that ``get``, ``dead`` and ``fail_*`` return."""
+    """A :class:`Task` from the 21 columns that ``dead`` and ``fail_*`` return (22 from ``get``:
+    the cancel reason too)."""
     return task_from_row(row)

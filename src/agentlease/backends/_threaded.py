@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, ParamSpec, TypeVar
 from agentlease._records import (
     BreakerState,
     BudgetState,
+    Cancellation,
     Enqueued,
     Job,
     KeyHold,
@@ -136,6 +137,12 @@ class ThreadedAsyncBackend:
 
     async def requeue_dead(self, queue: str, task_ids: Sequence[str] | None, front: bool) -> int:
         return await self._run(self._sync.requeue_dead, queue, task_ids, front)
+
+    async def cancel(self, task_id: str, reason: str, error_json: bytes) -> Cancellation:
+        return await self._run(self._sync.cancel, task_id, reason, error_json)
+
+    async def delete_queue(self, queue: str, limit: int, force: bool) -> tuple[int, bool]:
+        return await self._run(self._sync.delete_queue, queue, limit, force)
 
     async def reserve_key(
         self, key: str, fingerprint: str, holder: str, hold_for: float, window: float

@@ -20,6 +20,17 @@ parked task (lowest sequence) if the partition is no longer busy: it becomes que
 scheduled if its ``run_at`` is still ahead. ``stats`` counts parked tasks and names up to five
 partitions with the most of them (``hot_partitions``).
 
+Cancellation. ``cancel`` decides in one atomic step: a task that waits (queued, scheduled,
+failed, parked), or whose lease has run out, becomes ``cancelled`` at once (``finished_at`` set,
+its error the cancel error with the reason, its partition freed exactly as a completion frees
+it). A live lease is flagged instead: the reason and the cancel error are stored, the task stays
+``leased``, and every holder write on it (complete, fail, release, progress; extend renews
+nothing) is refused with :class:`~agentlease.errors.TaskCancelled` and changes nothing. The
+holder's next ``extend`` of that lease (its heartbeat) ends the task ``cancelled``, as does the
+reaper when the lease runs out (never a requeue). A task that has ended (done, dead, cancelled)
+is left as it is. ``delete_queue`` deletes one bounded batch of a queue's tasks per atomic step,
+and the queue itself with its last batch.
+
 Task context. A task may carry ``context_json`` (:class:`~agentlease._records.NewTask`): a JSON
 object ``{"root": <task id>, "deadline": <seconds on the store's clock>, "timeout": <seconds>,
 "traceparent": ..., "tracestate": ...}`` (every key optional) naming the root task it belongs
@@ -84,6 +95,7 @@ from typing import Protocol
 from agentlease._records import (
     BreakerState,
     BudgetState,
+    Cancellation,
     Enqueued,
     Job,
     KeyHold,
@@ -227,6 +239,22 @@ class Backend(Protocol):
 
     def unregister_worker(self, worker_id: str) -> bool:
         """Delete the worker's entry; whether it was there (live or not)."""
+        ...
+
+    # -- cancellation ------------------------------------------------------------------------------
+
+    def cancel(self, task_id: str, reason: str, error_json: bytes) -> Cancellation:
+        """Cancel a task in one atomic step (see the module docstring); ``error_json`` is the
+        error the cancelled task keeps. A reason asked for earlier is kept. Raises
+        :class:`~agentlease.errors.UnknownTask`."""
+        ...
+
+    def delete_queue(self, queue: str, limit: int, force: bool) -> tuple[int, bool]:
+        """Delete up to ``limit`` tasks of ``queue`` (any state) in one atomic step and, when
+        none is left, the queue itself (it leaves ``queues()``); returns how many tasks were
+        deleted and whether the queue is gone. Unless ``force``, a step that finds a live lease
+        in the queue raises :class:`~agentlease.errors.QueueInUse` and deletes nothing. A
+        holder of a deleted task has its writes refused (the task is unknown)."""
         ...
 
     # -- idempotency keys ------------------------------------------------------------------------
@@ -470,6 +498,8 @@ class AsyncBackend(Protocol):
     async def register_worker(self, worker_id: str, info_json: bytes, ttl: float) -> float: ...
     async def workers(self) -> list[WorkerInfo]: ...
     async def unregister_worker(self, worker_id: str) -> bool: ...
+    async def cancel(self, task_id: str, reason: str, error_json: bytes) -> Cancellation: ...
+    async def delete_queue(self, queue: str, limit: int, force: bool) -> tuple[int, bool]: ...
     async def reserve_key(
         self, key: str, fingerprint: str, holder: str, hold_for: float, window: float
     ) -> KeyHold | KeyRecord: ...

@@ -7,6 +7,11 @@ extend and complete cost O(log n) and the reaper's cost grows with the expired l
 Idempotency keys live in a :class:`~agentlease.backends._memory_keys.KeyTable`, versioned
 records, counters and locks in a :class:`~agentlease.backends._memory_state.StateTables`, under
 the same lock; their primitives are the bases MemoryKeys and MemoryState.
+
+Cancellation: a row's ``cancel_reason`` (on its task) flags a live lease; ``_fenced`` refuses
+every holder write on it with :class:`~agentlease.errors.TaskCancelled`, and ``extend`` and the
+reaper end it cancelled. Each queue's lane keeps the ids of its tasks, so ``delete_queue``
+deletes a batch of them without visiting other queues' tasks.
 """
 
 from __future__ import annotations
@@ -16,12 +21,14 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import orjson
 
 from agentlease._policy.lease import front_seq, is_live, lease_expiry, lost_reason, reap_outcome
 from agentlease._records import (
+    FINISHED,
+    Cancellation,
     Enqueued,
     Job,
     Lease,
@@ -41,7 +48,7 @@ from agentlease.backends._memory_keys import KeyTable, MemoryKeys
 from agentlease.backends._memory_state import MemoryState, StateTables
 from agentlease.backends._threaded import ThreadedAsyncBackend
 from agentlease.backends.base import AsyncBackend
-from agentlease.errors import LeaseLost, UnknownQueue, UnknownTask
+from agentlease.errors import LeaseLost, QueueInUse, TaskCancelled, UnknownQueue, UnknownTask
 
 __all__ = ["MemoryBackend"]
 
@@ -64,6 +71,7 @@ class _Lane:
     ready: list[tuple[int, int, str]]
     waiting: list[tuple[float, str]]
     leased: list[tuple[float, str, str]]
+    ids: dict[str, None] = field(default_factory=dict)  # every task of the queue
 
 
 class MemoryBackend(MemoryKeys, MemoryState):
@@ -107,6 +115,10 @@ class MemoryBackend(MemoryKeys, MemoryState):
         if row is None:
             raise UnknownTask(lease.task_id)
         t = row.task
+        if t.cancel_reason is not None and t.state in ("leased", "cancelled"):
+            raise TaskCancelled(
+                lease.task_id, t.cancel_reason, attempt=lease.attempt, current_attempt=t.attempt
+            )
         if (
             t.state != "leased"
             or row.token != lease.token
@@ -121,8 +133,12 @@ class MemoryBackend(MemoryKeys, MemoryState):
     def _promote(self, lane: _Lane, now: float) -> None:
         while lane.waiting and lane.waiting[0][0] <= now:
             run_at, task_id = heapq.heappop(lane.waiting)
-            row = self._rows[task_id]
-            if row.task.state in ("scheduled", "failed") and row.task.run_at == run_at:
+            row = self._rows.get(task_id)
+            if (
+                row is not None
+                and row.task.state in ("scheduled", "failed")
+                and row.task.run_at == run_at
+            ):
                 row.task = replace(row.task, state="queued")
                 self._push_ready(lane, row)
 
@@ -130,9 +146,15 @@ class MemoryBackend(MemoryKeys, MemoryState):
         reaped: list[Reaped] = []
         while lane.leased and lane.leased[0][0] <= now:
             expires_at, task_id, token = heapq.heappop(lane.leased)
-            row = self._rows[task_id]
+            row = self._rows.get(task_id)
+            if row is None:
+                continue
             t = row.task
             if t.state != "leased" or row.token != token or t.expires_at != expires_at:
+                continue
+            if t.cancel_reason is not None:  # its holder is gone: the cancel is carried out
+                self._cancelled(row, now)
+                reaped.append(Reaped(task_id, queue, t.attempt, "cancelled"))
                 continue
             reclaims = t.reclaims + 1
             outcome = reap_outcome(reclaims, t.max_reclaims)
@@ -199,12 +221,23 @@ class MemoryBackend(MemoryKeys, MemoryState):
         parked = self._parked.get(key)
         while parked:
             _seq, task_id = heapq.heappop(parked)
-            nxt = self._rows[task_id]
-            if nxt.task.state == "parked":
+            nxt = self._rows.get(task_id)
+            if nxt is not None and nxt.task.state == "parked":
                 self._start(self._lanes[t.queue], nxt, now)
                 break
         if not parked:
             self._parked.pop(key, None)
+
+    def _cancelled(self, row: _Row, now: float) -> None:
+        """End a task cancelled (its reason and error already on it, or given by the caller)
+        and free its partition; a lease's running attempt ends cancelled."""
+        row.token = None
+        t = row.task
+        attempts = close_attempt(t.attempts, t.attempt, now, "cancelled")
+        row.task = replace(
+            t, state="cancelled", finished_at=now, expires_at=None, attempts=attempts
+        )
+        self._finished(row, now)
 
     def _set_lease(self, lane: _Lane, row: _Row) -> None:
         t = row.task
@@ -257,6 +290,7 @@ class MemoryBackend(MemoryKeys, MemoryState):
                     seq=self._seq,
                 )
                 self._rows[spec.id] = row
+                lane.ids[spec.id] = None
                 batch[spec.id] = spec.id
                 if spec.dedup_key is not None:
                     self._dedup[(spec.queue, spec.dedup_key)] = spec.id
@@ -276,7 +310,9 @@ class MemoryBackend(MemoryKeys, MemoryState):
             jobs: list[Job] = []
             while lane.ready and len(jobs) < n:
                 neg_priority, seq, task_id = heapq.heappop(lane.ready)
-                row = self._rows[task_id]
+                row = self._rows.get(task_id)
+                if row is None:
+                    continue
                 t = row.task
                 if t.state != "queued" or row.seq != seq or t.priority != -neg_priority:
                     continue
@@ -319,6 +355,12 @@ class MemoryBackend(MemoryKeys, MemoryState):
             for lease in leases:
                 try:
                     row = self._fenced(lease, now)
+                except TaskCancelled:
+                    flagged = self._rows[lease.task_id]
+                    if flagged.task.state == "leased" and flagged.token == lease.token:
+                        self._cancelled(flagged, now)  # the holder is told now
+                    out.append(None)
+                    continue
                 except (LeaseLost, UnknownTask):
                     out.append(None)
                     continue
@@ -556,6 +598,64 @@ class MemoryBackend(MemoryKeys, MemoryState):
     def unregister_worker(self, worker_id: str) -> bool:
         with self._lock:
             return self._workers.pop(worker_id, None) is not None
+
+    def cancel(self, task_id: str, reason: str, error_json: bytes) -> Cancellation:
+        with self._lock:
+            now = self._clock()
+            row = self._rows.get(task_id)
+            if row is None:
+                raise UnknownTask(task_id)
+            t = row.task
+            if t.state in FINISHED:
+                return Cancellation(task_id, "finished", t.state, t.cancel_reason)
+            current = t.cancel_reason
+            if current is None:
+                row.task = t = replace(t, cancel_reason=reason, error_json=error_json)
+            live = t.expires_at is not None and is_live(now, t.expires_at)
+            if t.state == "leased" and live:
+                return Cancellation(task_id, "requested", "leased", t.cancel_reason)
+            self._cancelled(row, now)
+            return Cancellation(task_id, "cancelled", "cancelled", t.cancel_reason)
+
+    def delete_queue(self, queue: str, limit: int, force: bool) -> tuple[int, bool]:
+        with self._lock:
+            lane = self._lanes.get(queue)
+            if lane is None:
+                return 0, True
+            now = self._clock()
+            if not force:
+                leased = sum(
+                    1
+                    for expires, task_id, token in lane.leased
+                    if (row := self._rows.get(task_id)) is not None
+                    and row.token == token
+                    and row.task.state == "leased"
+                    and row.task.expires_at == expires
+                    and is_live(now, expires)
+                )
+                if leased:
+                    raise QueueInUse(queue, leased)
+            deleted = 0
+            while lane.ids and deleted < limit:
+                task_id = next(iter(lane.ids))
+                del lane.ids[task_id]
+                row = self._rows.pop(task_id)
+                t = row.task
+                if t.dedup_key is not None:
+                    self._dedup.pop((queue, t.dedup_key), None)
+                if t.partition is not None:
+                    busy = self._busy.get((queue, t.partition))
+                    if busy is not None:
+                        busy.discard(task_id)
+                deleted += 1
+            if lane.ids:
+                return deleted, False
+            del self._lanes[queue]
+            for key in [k for k in self._busy if k[0] == queue]:
+                del self._busy[key]
+            for key in [k for k in self._parked if k[0] == queue]:
+                del self._parked[key]
+            return deleted, True
 
     def close(self) -> None:
         """Nothing to release: the tasks live as long as this object."""

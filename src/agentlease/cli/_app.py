@@ -41,9 +41,11 @@ R = TypeVar("R")
 # Each command, and the module that defines it.
 COMMANDS = {
     "bench": "agentlease.bench.command",
+    "cancel": "agentlease.cli.cancel",
     "check": "agentlease.cli.harness",
     "dashboard": "agentlease.cli.dashboard",
     "dead": "agentlease.cli.admin",
+    "delete-queue": "agentlease.cli.cancel",
     "demo": "agentlease.cli.demo",
     "enqueue": "agentlease.cli.admin",
     "explore": "agentlease.cli.harness",

@@ -241,8 +241,10 @@ def stats(queues: tuple[str, ...], as_json: bool, url: str) -> None:
     # Compact enough for 80 columns: no edge padding, and "delayed" for the scheduled state.
     table = Table(title="queues", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1))
     table.add_column("queue", style="bold", overflow="fold", min_width=_QUEUE_MIN)
-    # Parked tasks exist only with partitions: the column appears when there are some.
-    shown = [st for st in STATES if st != "parked" or any(s.counts.get(st) for s in rows)]
+    # Parked tasks exist only with partitions, cancelled ones only after a cancel: their columns
+    # appear when there are some.
+    rare = ("parked", "cancelled")
+    shown = [st for st in STATES if st not in rare or any(s.counts.get(st) for s in rows)]
     cells = [
         [
             *(str(s.counts.get(state, 0)) for state in shown),

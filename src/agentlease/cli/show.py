@@ -34,6 +34,7 @@ def task_json(task: Task, now: float) -> dict[str, JSON]:
         "id": task.id,
         "queue": task.queue,
         "state": task.state,
+        "cancel_reason": task.cancel_reason,
         "priority": task.priority,
         "attempt": task.attempt,
         "failures": task.failures,
@@ -82,7 +83,7 @@ def show(task_id: str, as_json: bool, url: str) -> None:
     table.add_column("value", overflow="fold")
     rows = [
         ("queue", task.queue),
-        ("state", task.state),
+        ("state", f"{task.state} (cancel requested)" if task.cancel_requested else task.state),
         ("attempt", f"{task.attempt} ({task.failures} failed, {task.reclaims} reclaimed)"),
         ("priority", str(task.priority)),
         ("partition", task.partition or "-"),

@@ -23,6 +23,10 @@ connection in autocommit mode, so each is its own transaction and one round trip
   parks a task of a busy partition; a trigger starts the next one inside the statement that
   makes a task done or dead. Whoever decides whether a partition is busy takes its advisory
   lock first.
+* cancellation (migration ``0009_cancel``): ``cancel`` is one call of ``agentlease_cancel()``; a
+  live lease gets ``cancel_reason``, which every holder write requires to be NULL, and
+  ``agentlease_extend`` (the holder's next heartbeat) or ``agentlease_reap`` ends it cancelled;
+  ``delete_queue`` is one call of ``agentlease_delete_queue()`` per bounded batch.
 * task contexts (migration ``0008_task_context``): a ``context`` JSON column written by enqueue
   only, returned by claim (in each job), get, dead and fail.
 * lease holders, attempt histories and live workers (migration ``0011_workers``): the claim
@@ -63,6 +67,7 @@ from psycopg_pool import ConnectionPool
 from agentlease._policy.lease import lost_reason
 from agentlease._records import (
     STATES,
+    Cancellation,
     Enqueued,
     Job,
     Lease,
@@ -73,6 +78,7 @@ from agentlease._records import (
     Reaped,
     Task,
     WorkerInfo,
+    reason_of,
     renewed_leases,
 )
 from agentlease.backends import _postgres_driver as pg
@@ -92,6 +98,8 @@ from agentlease.backends.base import Backend
 from agentlease.errors import (
     BackendUnavailable,
     LeaseLost,
+    QueueInUse,
+    TaskCancelled,
     UnknownQueue,
     UnknownTask,
 )
@@ -218,7 +226,11 @@ class PostgresBackend(PostgresKeys, PostgresState):
         rows = self._fetch(Q["fence_state"], {"id": lease.task_id})
         if not rows:
             return UnknownTask(lease.task_id)
-        attempt, state, token, live = rows[0]
+        attempt, state, token, live, cancel_reason = rows[0]
+        if cancel_reason is not None and state in ("leased", "cancelled"):
+            return TaskCancelled(
+                lease.task_id, cancel_reason, attempt=lease.attempt, current_attempt=attempt
+            )
         reason = lost_reason(state, token == lease.token, bool(live))
         return LeaseLost(lease.task_id, lease.attempt, attempt, state, reason=reason)
 
@@ -376,7 +388,7 @@ class PostgresBackend(PostgresKeys, PostgresState):
             rows = self._fetch(Q["fail_retry"], params)
         if not rows:
             raise self._lost(lease)
-        return task(rows[0])
+        return task(rows[0][:21])  # fail_retry's 22nd column is its notification
 
     def release(self, lease: Lease, front: bool) -> None:
         params = self._fence(lease)
@@ -416,6 +428,21 @@ class PostgresBackend(PostgresKeys, PostgresState):
 
     def queues(self) -> list[str]:
         return [name for (name,) in self._fetch(Q["queues"])]
+
+    def cancel(self, task_id: str, reason: str, error_json: bytes) -> Cancellation:
+        params = {"id": task_id, "reason": reason, "error": error_json}
+        rows = self._fetch(Q["cancel"], params)
+        if not rows:
+            raise UnknownTask(task_id)
+        ((outcome, state, error),) = rows
+        return Cancellation(task_id, outcome, state, reason_of(error))
+
+    def delete_queue(self, queue: str, limit: int, force: bool) -> tuple[int, bool]:
+        params = {"queue": queue, "limit": limit, "force": force}
+        ((deleted, gone, leased),) = self._fetch(Q["delete_queue"], params)
+        if leased:
+            raise QueueInUse(queue, leased)
+        return deleted, gone
 
     def inspect(self, queue: str, limit: int) -> list[LeaseInfo]:
         rows = self._fetch(Q["inspect"], {"queue": queue, "limit": limit})

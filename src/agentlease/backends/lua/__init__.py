@@ -31,7 +31,8 @@ on one Redis Cluster shard and every script is given all the keys it touches:
                             written by the scripts that claim or end a lease (see
                             ``attempt_open`` in ``_lib.lua``); the worker of a live lease's
                             attempt is its holder
-``{p:q}:n``                 hash: the sequence counter, the count of failed tasks (the
+``{p:q}:n``                 hash: the sequence counter, the counts of failed and of
+                            cancelled tasks (the
                             other counts are sizes of hashes and ZSETs: ``stats`` is O(1)),
                             and ``wake``: a time no later than any score of ``:w`` and any
                             lease's in ``:l``, before which claim need not search them
@@ -119,6 +120,7 @@ from agentlease._records import (
     TaskState,
     WorkerInfo,
     attempts_from_json,
+    reason_of,
 )
 
 __all__ = [
@@ -164,6 +166,8 @@ NAMES = (
     "stats",
     "inspect",
     "dead",
+    "cancel",
+    "delete_queue",
     "key_reserve",
     "key_extend",
     "key_complete",
@@ -358,6 +362,8 @@ class QueueKeys:
     stats: tuple[str, ...]
     inspect: tuple[str, ...]
     dead: tuple[str, ...]
+    cancel: tuple[str, ...]
+    delete_queue: tuple[str, ...]
 
 
 @lru_cache(maxsize=4096)
@@ -371,7 +377,7 @@ def queue_keys(prefix: str, queue: str) -> QueueKeys:
     return QueueKeys(
         enqueue=(t, p, n, q, w, i, k, pb, pk, ph, x),
         claim=(t, p, c, e, n, q, w, i, d, pb, pk, ph, x, a),
-        extend=(t, n, i),
+        extend=(t, n, i, q, w, pb, pk, ph, a),
         complete=(t, r, i, n, q, w, pb, pk, ph, a),
         complete_many=(t, r, i, n, q, w, pb, pk, ph, a),
         fail=(t, p, r, g, c, e, n, i, w, d, q, pb, pk, ph, x, a),
@@ -383,6 +389,8 @@ def queue_keys(prefix: str, queue: str) -> QueueKeys:
         stats=(t, n, q, w, i, d, pk, ph),
         inspect=(t, n, i, a),
         dead=(t, p, r, g, c, e, n, d, x),
+        cancel=(t, e, n, q, w, i, pb, pk, ph, a),
+        delete_queue=(t, p, r, g, c, e, x, n, q, w, i, d, k, pb, pk, ph, a),
     )
 
 
@@ -405,8 +413,9 @@ _STATES: dict[bytes, TaskState] = {
     b"done": "done",
     b"dead": "dead",
     b"parked": "parked",
+    b"cancelled": "cancelled",
 }
-_OUTCOMES: dict[bytes, Any] = {b"requeued": "requeued", b"dead": "dead"}
+_OUTCOMES: dict[bytes, Any] = {b"requeued": "requeued", b"dead": "dead", b"cancelled": "cancelled"}
 
 
 def _time(value: bytes | None) -> float | None:
@@ -437,7 +446,8 @@ def task_from(queue: str, v: list[Any]) -> Task:
         error_json=v[17],
         partition=None if v[18] is None else v[18].decode(),
         context_json=v[19] if len(v) > 19 else None,
-        attempts=attempts_from_json(v[20]) if len(v) > 20 else (),
+        cancel_reason=reason_of(v[17]) if len(v) > 20 and v[20] else None,
+        attempts=attempts_from_json(v[21]) if len(v) > 21 else (),
     )
 
 

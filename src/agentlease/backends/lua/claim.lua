@@ -26,7 +26,7 @@
 --          flat, 9 values per job in pick order: id, attempt, payload, checkpoint (nil if none),
 --          priority, failures, reclaims, context (nil if none), run_at (when the task became
 --          due, an exact '%.17g' string) (the j-th job holds the j-th token); reaped flat, 3
---          values each: id, attempt, 'requeued' | 'dead'.
+--          values each: id, attempt, 'requeued' | 'dead' | 'cancelled'.
 -- A queue none of whose tasks ever had a context has no contexts hash: one EXISTS per claim,
 -- then no read per job.
 local tasks, payloads, checkpoints, counters = KEYS[1], KEYS[2], KEYS[3], KEYS[5]

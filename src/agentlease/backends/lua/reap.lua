@@ -9,7 +9,7 @@
 --       7 waiting, 8 busy (partition -> busy tasks), 9 parked, 10 hot (partition -> minus its
 --       parked tasks), 11 attempts (task id -> its attempt history)
 -- ARGV: 1 to the front ('1') or the back ('0'), 2 cap
--- Returns: reaped, flat, 3 values each: id, attempt, 'requeued' | 'dead'.
+-- Returns: reaped, flat, 3 values each: id, attempt, 'requeued' | 'dead' | 'cancelled'.
 local K = {tasks = KEYS[1], errors = KEYS[2], counters = KEYS[3], ready = KEYS[4],
            index = KEYS[5], dead = KEYS[6], waiting = KEYS[7], busy = KEYS[8], parked = KEYS[9],
            hot = KEYS[10], attempts = KEYS[11]}

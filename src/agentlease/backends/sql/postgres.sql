@@ -13,7 +13,9 @@
 --
 -- Holder writes are fenced by "id = $id AND token = $token AND expires_at > clock_timestamp()":
 -- a token exists only while its task is leased (constraint agentlease_tasks_token), so that is
--- "the caller's lease is the live one", matched through the primary key.
+-- "the caller's lease is the live one", matched through the primary key. They also require
+-- "cancel_reason IS NULL": a lease whose task a cancel was asked for takes no more writes (see
+-- postgres_migrations/0009_cancel.sql).
 --
 -- Idempotency keys (key_*) are fenced by "key = $key AND token = $token AND state = 'in_flight'"
 -- and the key not past its window (purge_at), with no expiry check: the token, not the clock,
@@ -105,7 +107,8 @@ FROM agentlease_extend(%(id)s::text[], %(token)s::text[], %(lease_for)s::float8)
 UPDATE agentlease_tasks
 SET state = 'done', result = %(result)s::json, finished_at = clock_timestamp(), token = NULL,
     expires_at = NULL
-WHERE id = %(id)s AND token = %(token)s AND expires_at > clock_timestamp();
+WHERE id = %(id)s AND token = %(token)s AND expires_at > clock_timestamp()
+  AND cancel_reason IS NULL;
 
 -- name: complete_many
 -- One call of agentlease_complete_many() (postgres_migrations/0004_partitions.sql): each row is
@@ -121,6 +124,7 @@ WITH failed AS (
         run_at = clock_timestamp() + make_interval(secs => %(retry_in)s::float8),
         token = NULL, expires_at = NULL
     WHERE id = %(id)s AND token = %(token)s AND expires_at > clock_timestamp()
+  AND cancel_reason IS NULL
     RETURNING *
 )
 SELECT f.id, f.queue, f.state, f.priority, f.payload, f.attempt, f.reclaims, f.failures,
@@ -136,6 +140,7 @@ UPDATE agentlease_tasks
 SET state = 'dead', failures = failures + 1, error = %(error)s::json,
     finished_at = clock_timestamp(), token = NULL, expires_at = NULL
 WHERE id = %(id)s AND token = %(token)s AND expires_at > clock_timestamp()
+  AND cancel_reason IS NULL
 RETURNING id, queue, state, priority, payload, attempt, reclaims, failures, max_reclaims,
           extract(epoch FROM created_at)::float8, extract(epoch FROM run_at)::float8, dedup_key,
           extract(epoch FROM leased_at)::float8, extract(epoch FROM expires_at)::float8,
@@ -150,6 +155,7 @@ WITH released AS (
         seq = CASE WHEN %(front)s::boolean THEN agentlease_front(seq)
                    ELSE nextval('agentlease_seq') END
     WHERE id = %(id)s AND token = %(token)s AND expires_at > clock_timestamp()
+  AND cancel_reason IS NULL
     RETURNING id
 )
 SELECT count(pg_notify(%(channel)s, '')) FROM released;
@@ -158,11 +164,12 @@ SELECT count(pg_notify(%(channel)s, '')) FROM released;
 UPDATE agentlease_tasks
 SET progress = %(progress)s::json, checkpoint = coalesce(%(checkpoint)s::json, checkpoint),
     progressed_at = clock_timestamp()
-WHERE id = %(id)s AND token = %(token)s AND expires_at > clock_timestamp();
+WHERE id = %(id)s AND token = %(token)s AND expires_at > clock_timestamp()
+  AND cancel_reason IS NULL;
 
 -- name: fence_state
 -- Why a fenced write was refused: read after the refusal, in a statement of its own.
-SELECT attempt, state, token, expires_at > clock_timestamp() FROM agentlease_tasks
+SELECT attempt, state, token, expires_at > clock_timestamp(), cancel_reason FROM agentlease_tasks
 WHERE id = %(id)s;
 
 -- name: get
@@ -170,7 +177,7 @@ SELECT id, queue, state, priority, payload, attempt, reclaims, failures, max_rec
        extract(epoch FROM created_at)::float8, extract(epoch FROM run_at)::float8, dedup_key,
        extract(epoch FROM leased_at)::float8, extract(epoch FROM expires_at)::float8,
        extract(epoch FROM finished_at)::float8, progress, checkpoint, result, error, partition,
-       context,
+       context, cancel_reason,
        (SELECT json_agg(json_build_object(
                    'attempt', a.attempt, 'worker', a.worker,
                    'started', extract(epoch FROM a.started)::float8,
@@ -178,6 +185,15 @@ SELECT id, queue, state, priority, payload, attempt, reclaims, failures, max_rec
                    'outcome', a.outcome, 'error', a.error) ORDER BY a.attempt)::text
         FROM agentlease_attempts a WHERE a.task_id = %(id)s)
 FROM agentlease_tasks WHERE id = %(id)s;
+
+-- name: cancel
+-- One call of agentlease_cancel() (postgres_migrations/0009_cancel.sql).
+SELECT outcome, state, error FROM agentlease_cancel(%(id)s::text, %(reason)s::text, %(error)s::json);
+
+-- name: delete_queue
+-- One call of agentlease_delete_queue() (postgres_migrations/0009_cancel.sql): one batch.
+SELECT deleted, gone, leased
+FROM agentlease_delete_queue(%(queue)s::text, %(limit)s::integer, %(force)s::boolean);
 
 -- name: stats
 -- One statement, so one snapshot for every count; each count reads one partial index. The hot
@@ -199,6 +215,7 @@ SELECT EXISTS (SELECT 1 FROM agentlease_queues WHERE name = %(queue)s),
        (SELECT count(*) FROM agentlease_tasks WHERE queue = %(queue)s AND state = 'failed'),
        (SELECT count(*) FROM agentlease_tasks WHERE queue = %(queue)s AND state = 'done'),
        (SELECT count(*) FROM agentlease_tasks WHERE queue = %(queue)s AND state = 'dead'),
+       (SELECT count(*) FROM agentlease_tasks WHERE queue = %(queue)s AND state = 'cancelled'),
        (SELECT extract(epoch FROM c.now - min(created_at))::float8 FROM agentlease_tasks
         WHERE queue = %(queue)s AND state = 'queued'),
        array(SELECT h.partition FROM hot h ORDER BY h.n DESC, h.partition COLLATE "C"),

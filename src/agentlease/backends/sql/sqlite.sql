@@ -9,10 +9,15 @@
 -- array (:names) read with json_each. A lock is held while it has an owner and
 -- expires_at > :now, so an expired lock is free whether or not a sweep has cleared it.
 --
+-- Cancellation (schema version 8): cancel_reason is set when a cancel is asked for, with the
+-- cancel error in error. A waiting task becomes 'cancelled' at once; a leased one keeps its
+-- state, and every holder write requires cancel_reason IS NULL, so the holder's writes are
+-- refused; its next extend (cancel_held) or the reaper (reap_cancel) makes it 'cancelled'.
+--
 -- Partitions (schema version 4): a task with a partition is stored 'parked' while its partition
 -- is busy (a task of it scheduled, queued, leased or failed). The trigger agentlease_unpark
--- starts the next parked task when a task of the partition becomes done or dead, inside the
--- statement that made it so: complete, fail, a reap past max_reclaims, whatever the path.
+-- starts the next parked task when a task of the partition becomes done, dead or cancelled,
+-- inside the statement that made it so: complete, fail, a reap, a cancel, whatever the path.
 
 -- name: schema
 -- Run statement by statement, split on semicolons: keep them out of the comments here.
@@ -47,6 +52,7 @@ CREATE TABLE IF NOT EXISTS agentlease_tasks (
     error            BLOB,
     partition        TEXT,
     context          BLOB,
+    cancel_reason    TEXT,
     holder           TEXT
 );
 -- Partial indexes: claim, promotion and reaping touch only live rows, so their cost does not grow
@@ -175,14 +181,14 @@ CREATE INDEX IF NOT EXISTS agentlease_workers_expiry ON agentlease_workers (expi
 
 -- name: unpark_trigger
 -- Run after the schema, as one statement (its body holds semicolons of its own).
--- A task of a partition became done or dead (from any other state): if no task of the partition
+-- A task of a partition became done, dead or cancelled (from any other state): if no task of the partition
 -- is still busy, start its oldest parked task, queued, or scheduled if its run_at is still ahead
 -- (finished_at is the statement's clock). It runs inside the statement that finished the task,
 -- so that statement and the unpark are one atomic step.
 CREATE TRIGGER IF NOT EXISTS agentlease_unpark
 AFTER UPDATE OF state ON agentlease_tasks
-WHEN NEW.partition IS NOT NULL AND NEW.state IN ('done', 'dead')
-     AND OLD.state NOT IN ('done', 'dead')
+WHEN NEW.partition IS NOT NULL AND NEW.state IN ('done', 'dead', 'cancelled')
+     AND OLD.state NOT IN ('done', 'dead', 'cancelled')
 BEGIN
     UPDATE agentlease_tasks
     SET state = CASE WHEN run_at > NEW.finished_at THEN 'scheduled' ELSE 'queued' END
@@ -217,7 +223,8 @@ AFTER UPDATE OF state ON agentlease_tasks
 WHEN OLD.state = 'leased' AND NEW.state <> 'leased'
 BEGIN
     UPDATE agentlease_attempts
-    SET ended = max(CASE WHEN NEW.state IN ('done', 'dead') THEN NEW.finished_at ELSE 0 END,
+    SET ended = max(CASE WHEN NEW.state IN ('done', 'dead', 'cancelled') THEN NEW.finished_at
+                         ELSE 0 END,
                     coalesce(OLD.leased_at, 0), (julianday('now') - 2440587.5) * 86400.0),
         outcome = CASE WHEN NEW.state = 'done' THEN 'done'
                        WHEN NEW.failures > OLD.failures THEN 'failed'
@@ -227,6 +234,15 @@ BEGIN
         error = CASE WHEN NEW.failures > OLD.failures AND json_valid(CAST(NEW.error AS TEXT))
                      THEN json_extract(CAST(NEW.error AS TEXT), '$.type') END
     WHERE task_id = NEW.id AND attempt = NEW.attempt AND ended IS NULL;
+END;
+
+-- name: attempt_forget_trigger
+-- Run after the schema, as one statement. A task deleted (delete_queue, a purge) takes its
+-- attempt history with it, in the same statement.
+CREATE TRIGGER IF NOT EXISTS agentlease_attempt_forget
+AFTER DELETE ON agentlease_tasks
+BEGIN
+    DELETE FROM agentlease_attempts WHERE task_id = OLD.id;
 END;
 
 -- name: upgrade_to_4
@@ -239,9 +255,17 @@ ALTER TABLE agentlease_tasks ADD COLUMN partition TEXT;
 -- root task and deadline, JSON kept as enqueued), NULL for the tasks it already has.
 ALTER TABLE agentlease_tasks ADD COLUMN context BLOB;
 
+-- name: upgrade_to_8
+-- Run before the schema when a database older than version 8 is opened: the cancel reason
+-- column, and the unpark trigger dropped so that the schema creates it anew (it now also fires
+-- when a task becomes cancelled). Run statement by statement, as the schema is.
+ALTER TABLE agentlease_tasks ADD COLUMN cancel_reason TEXT;
+DROP TRIGGER IF EXISTS agentlease_unpark;
+
 -- name: upgrade_to_10
 -- Run before the schema when a database older than version 10 is opened: the worker that holds
--- each lease (NULL for the tasks already there); the schema adds the attempts and workers tables.
+-- each lease (NULL for the tasks already there). The schema adds the attempts and workers
+-- tables. (No semicolon in these comments: the steps are split on them.)
 ALTER TABLE agentlease_tasks ADD COLUMN holder TEXT;
 
 -- name: bump_seq
@@ -289,8 +313,14 @@ UPDATE agentlease_tasks SET state = 'queued'
 WHERE queue = :queue AND state IN ('scheduled', 'failed') AND run_at <= :now;
 
 -- name: expired
-SELECT id, attempt, reclaims, max_reclaims, seq FROM agentlease_tasks
+SELECT id, attempt, reclaims, max_reclaims, seq, cancel_reason FROM agentlease_tasks
 WHERE queue = :queue AND state = 'leased' AND expires_at <= :now;
+
+-- name: reap_cancel
+-- An expired lease whose task a cancel was asked for ends cancelled, never requeued.
+UPDATE agentlease_tasks
+SET state = 'cancelled', token = NULL, expires_at = NULL, finished_at = :now
+WHERE id = :id;
 
 -- name: reap_requeue
 UPDATE agentlease_tasks
@@ -321,18 +351,29 @@ SET expires_at = min(:now + :lease_for, lease_deadline,
                      coalesce(progressed_at + progress_timeout, 1e308))
 FROM (SELECT value ->> 0 AS lid, value ->> 1 AS ltoken FROM json_each(:leases))
 WHERE id = lid AND token = ltoken AND state = 'leased' AND expires_at > :now
+  AND cancel_reason IS NULL
 RETURNING id, token, expires_at;
+
+-- name: cancel_held
+-- After an extend, the leases it did not renew whose task a cancel was asked for (held under
+-- that token): the holder is told now, and the task ends cancelled.
+UPDATE agentlease_tasks
+SET state = 'cancelled', token = NULL, expires_at = NULL, finished_at = :now
+FROM (SELECT value ->> 0 AS lid, value ->> 1 AS ltoken FROM json_each(:leases))
+WHERE id = lid AND token = ltoken AND state = 'leased' AND cancel_reason IS NOT NULL;
 
 -- name: complete
 UPDATE agentlease_tasks
 SET state = 'done', result = :result, finished_at = :now, token = NULL, expires_at = NULL
-WHERE id = :id AND token = :token AND state = 'leased' AND expires_at > :now;
+WHERE id = :id AND token = :token AND state = 'leased' AND expires_at > :now
+  AND cancel_reason IS NULL;
 
 -- name: fail_retry
 UPDATE agentlease_tasks
 SET state = 'failed', failures = failures + 1, error = :error, run_at = :now + :retry_in,
     token = NULL, expires_at = NULL
 WHERE id = :id AND token = :token AND state = 'leased' AND expires_at > :now
+  AND cancel_reason IS NULL
 RETURNING id, queue, state, priority, payload, attempt, reclaims, failures, max_reclaims,
           created_at, run_at, dedup_key, leased_at, expires_at, finished_at, progress, checkpoint,
           result, error, partition, context;
@@ -342,6 +383,7 @@ UPDATE agentlease_tasks
 SET state = 'dead', failures = failures + 1, error = :error, finished_at = :now,
     token = NULL, expires_at = NULL
 WHERE id = :id AND token = :token AND state = 'leased' AND expires_at > :now
+  AND cancel_reason IS NULL
 RETURNING id, queue, state, priority, payload, attempt, reclaims, failures, max_reclaims,
           created_at, run_at, dedup_key, leased_at, expires_at, finished_at, progress, checkpoint,
           result, error, partition, context;
@@ -350,25 +392,56 @@ RETURNING id, queue, state, priority, payload, attempt, reclaims, failures, max_
 UPDATE agentlease_tasks
 SET state = 'queued', token = NULL, expires_at = NULL,
     seq = CASE WHEN :front THEN (CASE WHEN seq >= 0 THEN seq - :offset ELSE seq END) ELSE :seq END
-WHERE id = :id AND token = :token AND state = 'leased' AND expires_at > :now;
+WHERE id = :id AND token = :token AND state = 'leased' AND expires_at > :now
+  AND cancel_reason IS NULL;
 
 -- name: progress
 UPDATE agentlease_tasks
 SET progress = :progress, checkpoint = coalesce(:checkpoint, checkpoint), progressed_at = :now
-WHERE id = :id AND token = :token AND state = 'leased' AND expires_at > :now;
+WHERE id = :id AND token = :token AND state = 'leased' AND expires_at > :now
+  AND cancel_reason IS NULL;
 
 -- name: fence_state
-SELECT attempt, state, token, expires_at FROM agentlease_tasks WHERE id = :id;
+SELECT attempt, state, token, expires_at, cancel_reason FROM agentlease_tasks WHERE id = :id;
 
 -- name: get
 SELECT id, queue, state, priority, payload, attempt, reclaims, failures, max_reclaims,
        created_at, run_at, dedup_key, leased_at, expires_at, finished_at, progress, checkpoint,
-       result, error, partition, context,
+       result, error, partition, context, cancel_reason,
        (SELECT json_group_array(json_object(
                    'attempt', a.attempt, 'worker', a.worker, 'started', a.started,
                    'ended', a.ended, 'outcome', a.outcome, 'error', a.error))
         FROM (SELECT * FROM agentlease_attempts WHERE task_id = :id ORDER BY attempt) a)
 FROM agentlease_tasks WHERE id = :id;
+
+-- name: cancel_state
+SELECT state, expires_at, cancel_reason FROM agentlease_tasks WHERE id = :id;
+
+-- name: cancel_request
+-- A cancel of a live lease: flagged with its reason and error; the holder is told later.
+UPDATE agentlease_tasks SET cancel_reason = :reason, error = :error
+WHERE id = :id AND cancel_reason IS NULL;
+
+-- name: cancel_now
+-- A cancel of a waiting task, or of a lease that ran out: cancelled at once (the trigger
+-- starts its partition's next task). A reason asked for earlier is kept.
+UPDATE agentlease_tasks
+SET state = 'cancelled', token = NULL, expires_at = NULL, finished_at = :now,
+    error = CASE WHEN cancel_reason IS NULL THEN :error ELSE error END,
+    cancel_reason = coalesce(cancel_reason, :reason)
+WHERE id = :id;
+
+-- name: leased_live
+SELECT count(*) FROM agentlease_tasks
+WHERE queue = :queue AND state = 'leased' AND expires_at > :now;
+
+-- name: delete_tasks
+-- Up to :limit tasks of the queue, in no particular order.
+DELETE FROM agentlease_tasks
+WHERE rowid IN (SELECT rowid FROM agentlease_tasks WHERE queue = :queue LIMIT :limit);
+
+-- name: delete_queue
+DELETE FROM agentlease_queues WHERE name = :queue;
 
 -- name: queue_exists
 SELECT 1 FROM agentlease_queues WHERE name = :queue;

@@ -5,7 +5,8 @@
 -- 2. agentlease_attempts: one row per attempt of a task, the last 20 kept, written by the
 --    triggers agentlease_attempt_open (a claim raised the attempt) and agentlease_attempt_close
 --    (a lease ended: complete, fail, release, a reap), inside the statement that did it, so each
---    of those primitives stays one atomic step whatever function or statement runs it.
+--    of those primitives stays one atomic step whatever function or statement runs it; a deleted
+--    task's attempts go with it (trigger agentlease_attempt_forget).
 -- 3. agentlease_workers: one row per live worker, with a TTL (expires_at) on the store's clock.
 -- 4. agentlease_claim_holder: agentlease_claim_context (0008_task_context.sql) that writes the
 --    claim's holder into each leased row and returns each job's due time (run_at, which a claim
@@ -78,6 +79,21 @@ CREATE TRIGGER agentlease_attempt_close
 AFTER UPDATE OF state ON agentlease_tasks
 FOR EACH ROW WHEN (OLD.state = 'leased' AND NEW.state <> 'leased')
 EXECUTE FUNCTION agentlease_attempt_close();
+
+-- A task deleted (delete_queue, a purge) takes its attempt history with it, in the same
+-- statement.
+CREATE FUNCTION agentlease_attempt_forget() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    DELETE FROM agentlease_attempts WHERE task_id = OLD.id;
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER agentlease_attempt_forget
+AFTER DELETE ON agentlease_tasks
+FOR EACH ROW
+EXECUTE FUNCTION agentlease_attempt_forget();
 
 -- Lease up to p_n ready tasks of p_queue, as agentlease_claim_context does, each lease held by
 -- p_holder (NULL: none named).
