@@ -183,6 +183,7 @@ class RawSQLite:
                     "expires_at": now + LEASE_FOR,
                     "deadline": now + MAX_LEASE,
                     "progress_timeout": None,
+                    "holder": None,
                 },
             ).fetchall()
             db.execute("COMMIT")
