@@ -21,6 +21,7 @@ __all__ = [
     "BreakerStatus",
     "BudgetState",
     "Enqueued",
+    "FinishedState",
     "Job",
     "KeyHold",
     "KeyRecord",
@@ -55,6 +56,11 @@ STATES: tuple[TaskState, ...] = (
     "done",
     "dead",
 )
+FinishedState = Literal["done", "dead"]
+"""The states a task ends in, and is purged from after its retention."""
+
+FINISHED: tuple[FinishedState, ...] = ("done", "dead")
+
 BUSY: tuple[TaskState, ...] = ("scheduled", "queued", "leased", "failed")
 """The states that keep a task's partition busy: its later tasks stay parked meanwhile."""
 

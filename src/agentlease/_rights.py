@@ -61,6 +61,7 @@ REDIS_CLIENT = (
     "hget",
     "hset",
     "hdel",
+    "hexists",  # after a purge: which freed ids were enqueued again meanwhile
     "sadd",  # <prefix>:queues
     "smembers",
     "hgetall",  # a versioned record, read
@@ -79,6 +80,7 @@ REDIS_SCRIPTS = (
     "hincrby",
     "hlen",
     "hmget",
+    "hscan",  # purge.lua: the one-off index of a queue's done tasks of key layout 1
     "hset",
     "incrby",
     "pexpireat",
@@ -104,7 +106,7 @@ REDIS_CLUSTER = ("cluster|slots", "command")
 WORKER_TABLES: dict[str, tuple[str, ...]] = {
     "agentlease_migrations": ("SELECT",),  # the schema's version, checked on connect
     "agentlease_queues": ("SELECT", "INSERT", "UPDATE"),
-    "agentlease_tasks": ("SELECT", "INSERT", "UPDATE"),
+    "agentlease_tasks": ("SELECT", "INSERT", "UPDATE", "DELETE"),  # DELETE: retention
     "agentlease_keys": ("SELECT", "INSERT", "UPDATE", "DELETE"),
     "agentlease_records": ("SELECT", "INSERT", "UPDATE"),
     "agentlease_record_fields": ("SELECT", "INSERT", "UPDATE", "DELETE"),

@@ -92,6 +92,7 @@ PUBLIC = {
     "BudgetExceeded",
     "CircuitOpen",
     "DeadlineExceeded",
+    "RetentionTooShort",
     "RetryBudgetExhausted",
     "ToolUnavailable",
     "call_timeout",

@@ -22,7 +22,9 @@ from agentlease._codec import JSON, encode
 from agentlease._deadline import current_deadline, current_root
 from agentlease._events import Event, Events
 from agentlease._records import (
+    FINISHED,
     Enqueued,
+    FinishedState,
     Job,
     Lease,
     LeaseInfo,
@@ -462,6 +464,41 @@ class Queue:
         ids = None if task_ids is None else [check.task_id(t) for t in check.items(task_ids, "ids")]
         return self.backend.requeue_dead(
             check.queue_name(queue), ids, check.flag(front, "front")
+        )
+
+    def purge(
+        self,
+        queue: str,
+        *,
+        state: FinishedState = "done",
+        older_than: float | None = None,
+        limit: int = 1000,
+    ) -> int:
+        """Delete up to ``limit`` of the queue's oldest ``done`` (or ``dead``) tasks that
+        finished at least ``older_than`` seconds ago, in one atomic step; workers do this on a
+        timer (``WorkerSettings.purge_every``). A purged task's id and dedup key are free again.
+
+        Args:
+            queue: the queue.
+            state: ``"done"`` or ``"dead"``.
+            older_than: seconds since the task finished (store clock); default: the settings'
+                ``done_retention`` or ``dead_retention``. Any value >= 0 is taken, 0 too (every
+                finished task): below :data:`~agentlease._settings.MIN_RETENTION` a worker
+                whose final write's reply was lost may not find its task to check it.
+            limit: the most tasks deleted (1 to 10,000); call again while it returns ``limit``.
+
+        Returns:
+            How many tasks were deleted (0 for a queue never enqueued to).
+        """
+        if state not in FINISHED:
+            raise InvalidInput(f"state must be 'done' or 'dead', not {state!r}")
+        if older_than is None:
+            s = self.settings
+            seconds = s.done_retention if state == "done" else s.dead_retention
+        else:
+            seconds = check.non_negative(older_than, "older_than")
+        return self.backend.purge_tasks(
+            check.queue_name(queue), state, seconds, check.batch_size(limit)
         )
 
     # -- events ---------------------------------------------------------------------------------

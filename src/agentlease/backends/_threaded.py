@@ -18,6 +18,7 @@ from agentlease._records import (
     BreakerState,
     BudgetState,
     Enqueued,
+    FinishedState,
     Job,
     KeyHold,
     KeyRecord,
@@ -155,6 +156,11 @@ class ThreadedAsyncBackend:
 
     async def get_key(self, key: str) -> KeyRecord | None:
         return await self._run(self._sync.get_key, key)
+
+    async def purge_tasks(
+        self, queue: str, state: FinishedState, older_than: float, limit: int
+    ) -> int:
+        return await self._run(self._sync.purge_tasks, queue, state, older_than, limit)
 
     async def purge_keys(self, limit: int) -> int:
         return await self._run(self._sync.purge_keys, limit)

@@ -70,6 +70,7 @@ from agentlease._records import (
     BreakerState,
     BudgetState,
     Enqueued,
+    FinishedState,
     Job,
     KeyHold,
     KeyRecord,
@@ -192,6 +193,18 @@ class Backend(Protocol):
         """Requeue dead tasks (all of the queue's if ``task_ids`` is None) with fresh budgets.
 
         Returns how many were requeued. The attempt counter is kept, so fencing stays monotonic.
+        """
+        ...
+
+    def purge_tasks(self, queue: str, state: FinishedState, older_than: float, limit: int) -> int:
+        """Delete up to ``limit`` tasks of ``queue`` in ``state`` (``done`` or ``dead``) that
+        finished at least ``older_than`` seconds ago (store clock), oldest first, in one atomic
+        step, through an index by finished time (never a scan of live tasks); returns how many.
+
+        A purged task is gone with everything it held (payload, result, error, progress,
+        checkpoint, context), and its id and its dedup key are free again. An unknown queue
+        purges nothing. Callers bound ``limit`` (at most 10,000) and loop while a call purges a
+        full batch.
         """
         ...
 
@@ -432,6 +445,9 @@ class AsyncBackend(Protocol):
     async def dead(self, queue: str, limit: int) -> list[Task]: ...
     async def requeue_dead(
         self, queue: str, task_ids: Sequence[str] | None, front: bool
+    ) -> int: ...
+    async def purge_tasks(
+        self, queue: str, state: FinishedState, older_than: float, limit: int
     ) -> int: ...
     async def reserve_key(
         self, key: str, fingerprint: str, holder: str, hold_for: float, window: float

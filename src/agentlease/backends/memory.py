@@ -23,6 +23,7 @@ import orjson
 from agentlease._policy.lease import front_seq, is_live, lease_expiry, lost_reason, reap_outcome
 from agentlease._records import (
     Enqueued,
+    FinishedState,
     Job,
     Lease,
     LeaseInfo,
@@ -82,6 +83,8 @@ class MemoryBackend(MemoryKeys, MemoryState):
         # Partitions: the busy tasks of each (queue, partition), and its parked tasks by sequence.
         self._busy: dict[tuple[str, str], set[str]] = {}
         self._parked: dict[tuple[str, str], list[tuple[int, str]]] = {}
+        # Retention: finished tasks of each (queue, state) by finished_at, lazily validated.
+        self._ended: dict[tuple[str, str], list[tuple[float, str]]] = {}
 
     # -- helpers (called with the lock held) ---------------------------------------------------
 
@@ -113,7 +116,9 @@ class MemoryBackend(MemoryKeys, MemoryState):
     def _promote(self, lane: _Lane, now: float) -> None:
         while lane.waiting and lane.waiting[0][0] <= now:
             run_at, task_id = heapq.heappop(lane.waiting)
-            row = self._rows[task_id]
+            row = self._rows.get(task_id)
+            if row is None:  # purged since
+                continue
             if row.task.state in ("scheduled", "failed") and row.task.run_at == run_at:
                 row.task = replace(row.task, state="queued")
                 self._push_ready(lane, row)
@@ -122,7 +127,10 @@ class MemoryBackend(MemoryKeys, MemoryState):
         reaped: list[Reaped] = []
         while lane.leased and lane.leased[0][0] <= now:
             expires_at, task_id, token = heapq.heappop(lane.leased)
-            row = self._rows[task_id]
+            found = self._rows.get(task_id)
+            if found is None:  # purged since
+                continue
+            row = found
             t = row.task
             if t.state != "leased" or row.token != token or t.expires_at != expires_at:
                 continue
@@ -176,8 +184,10 @@ class MemoryBackend(MemoryKeys, MemoryState):
         return True
 
     def _finished(self, row: _Row, now: float) -> None:
-        """A task became done or dead: if its partition is now idle, unpark the next one."""
+        """A task became done or dead: index it by finished time (for purging) and, if its
+        partition is now idle, unpark the next one."""
         t = row.task
+        heapq.heappush(self._ended.setdefault((t.queue, t.state), []), (now, t.id))
         if t.partition is None:
             return
         key = (t.queue, t.partition)
@@ -190,8 +200,8 @@ class MemoryBackend(MemoryKeys, MemoryState):
         parked = self._parked.get(key)
         while parked:
             _seq, task_id = heapq.heappop(parked)
-            nxt = self._rows[task_id]
-            if nxt.task.state == "parked":
+            nxt = self._rows.get(task_id)
+            if nxt is not None and nxt.task.state == "parked":
                 self._start(self._lanes[t.queue], nxt, now)
                 break
         if not parked:
@@ -267,7 +277,10 @@ class MemoryBackend(MemoryKeys, MemoryState):
             jobs: list[Job] = []
             while lane.ready and len(jobs) < n:
                 neg_priority, seq, task_id = heapq.heappop(lane.ready)
-                row = self._rows[task_id]
+                found = self._rows.get(task_id)
+                if found is None:  # purged since
+                    continue
+                row = found
                 t = row.task
                 if t.state != "queued" or row.seq != seq or t.priority != -neg_priority:
                     continue
@@ -499,6 +512,25 @@ class MemoryBackend(MemoryKeys, MemoryState):
                     self._start(lane, row, now)
                 count += 1
             return count
+
+    def purge_tasks(self, queue: str, state: FinishedState, older_than: float, limit: int) -> int:
+        with self._lock:
+            ended = self._ended.get((queue, state))
+            cutoff = self._clock() - older_than
+            purged = 0
+            while ended and purged < limit and ended[0][0] <= cutoff:
+                finished_at, task_id = heapq.heappop(ended)
+                row = self._rows.get(task_id)
+                if row is None or row.task.state != state or row.task.finished_at != finished_at:
+                    continue  # requeued (or purged) since: a stale entry
+                del self._rows[task_id]
+                dedup = row.task.dedup_key
+                if dedup is not None and self._dedup.get((queue, dedup)) == task_id:
+                    del self._dedup[(queue, dedup)]
+                purged += 1
+            if ended is not None and not ended:
+                del self._ended[(queue, state)]
+            return purged
 
     def close(self) -> None:
         """Nothing to release: the tasks live as long as this object."""

@@ -43,6 +43,7 @@ from agentlease._policy.lease import (
 )
 from agentlease._records import (
     Enqueued,
+    FinishedState,
     Job,
     Lease,
     LeaseInfo,
@@ -76,8 +77,9 @@ Q = queries("agentlease.backends.sql", "sqlite.sql")
 # deadline). The schema is all "IF NOT EXISTS", so a database at an older version is brought up
 # to date by running it again, after the upgrade_to_<version> steps that change tables it already
 # has (versions 5 and 6 only add tables: they need none; version 7 adds a column, NULL for the
-# tasks already there).
-SCHEMA_VERSION = 7
+# tasks already there); version 9 adds the index of done tasks by finished time, which the schema
+# creates over the rows already there (it needs no step of its own, and none of version 8's).
+SCHEMA_VERSION = 9
 
 
 def _translate(path: str, exc: sqlite3.Error) -> BackendError:
@@ -508,6 +510,12 @@ class SQLiteBackend(SQLiteKeys, SQLiteState):
                 new_seq = front_seq(seq) if front else self._next_seq(db, queue)
                 db.execute(Q["requeue_dead"], {"id": task_id, "seq": new_seq, "now": now})
             return len(chosen)
+
+    def purge_tasks(self, queue: str, state: FinishedState, older_than: float, limit: int) -> int:
+        name = "purge_done" if state == "done" else "purge_dead"
+        with self._step(write=False) as db:  # one statement: one atomic step
+            params = {"queue": queue, "cutoff": time.time() - older_than, "limit": limit}
+            return int(db.execute(Q[name], params).rowcount)
 
     def close(self) -> None:
         with self._lock:

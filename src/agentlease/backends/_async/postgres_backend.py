@@ -23,6 +23,10 @@ connection in autocommit mode, so each is its own transaction and one round trip
   lock first.
 * task contexts (migration ``0008_task_context``): a ``context`` JSON column written by enqueue
   only, returned by claim (in each job), get, dead and fail.
+* retention: ``purge_tasks`` is one ``DELETE`` of the oldest done (or dead) tasks of a queue
+  through the partial indexes ``agentlease_tasks_done`` and ``agentlease_tasks_dead`` on
+  ``(queue, finished_at)``, which exist since the first migration: tasks finished before
+  purging existed are indexed like any other, and no migration was needed.
 * idempotency keys (migration ``0002_keys``) are one function call or statement each, in
   :mod:`.postgres_keys`; results and errors are ``bytea``, kept as the client's bytes.
 * versioned records, bounded counters and lock sets (migration ``0003_state``) are one function
@@ -56,6 +60,7 @@ from agentlease._policy.lease import lost_reason
 from agentlease._records import (
     STATES,
     Enqueued,
+    FinishedState,
     Job,
     Lease,
     LeaseInfo,
@@ -436,6 +441,16 @@ class AsyncPostgresBackend(PostgresKeys, PostgresState):
         if not exists:
             raise UnknownQueue(queue)
         return int(requeued)
+
+    async def purge_tasks(
+        self,
+        queue: str,
+        state: FinishedState,
+        older_than: float,
+        limit: int,
+    ) -> int:
+        query = Q["purge_done"] if state == "done" else Q["purge_dead"]
+        return await self._write(query, {"queue": queue, "older_than": older_than, "limit": limit})
 
     async def wait_for_work(self, queue: str, timeout: float) -> None:
         """Return when ``queue`` is notified (LISTEN/NOTIFY) or after ``timeout`` seconds."""

@@ -24,6 +24,12 @@ the same enqueue to the same queue (an id left reserved that way for a queue nob
 stays taken: enqueueing it elsewhere reports it as existing). A reservation made for a task the
 script did not create (its dedup key was taken) is dropped again.
 
+Retention. ``purge_tasks`` is two steps too: the queue's ``purge`` script deletes the oldest
+finished tasks (read from a ZSET by finished time: ``:d`` for dead letters, ``:f`` for done
+tasks) and returns their ids, then one pipeline drops those ids from ``<prefix>:ids``. The
+script's reply is kept under its request nonce, so a resend after a lost reply frees the same
+ids; an id re-enqueued to the same queue between the two steps gets its entry back.
+
 Version. Before its first call a backend reads ``<prefix>:layout``, the key layout's version
 (written on first use), and refuses a store written by a newer agentlease with
 :class:`~agentlease.errors.SchemaTooNew`; see :mod:`.redis_layout`.
@@ -39,6 +45,7 @@ import redis.backoff
 
 from agentlease._records import (
     Enqueued,
+    FinishedState,
     Job,
     Lease,
     LeaseInfo,
@@ -352,6 +359,31 @@ class AsyncRedisBackend(RedisKeys, RedisState):
             total += int(count)
             if count < CAP:
                 return total
+
+    async def purge_tasks(
+        self,
+        queue: str,
+        state: FinishedState,
+        older_than: float,
+        limit: int,
+    ) -> int:
+        keys = queue_keys(self._prefix, queue)
+        args = (state, older_than, limit, _nonce())
+        purged = await self._link.script(
+            "purge", keys.purge_done if state == "done" else keys.purge_dead, args, retry=True
+        )
+        if not purged:
+            return 0
+        # Step 2: free the ids in the global index (another slot). An id enqueued again to this
+        # queue between the two steps has a task again: its entry is put back.
+        tasks = keys.purge_done[0]
+        replies = await self._link.many(
+            [("HDEL", self._ids, *purged), *(("HEXISTS", tasks, i) for i in purged)]
+        )
+        back = [i for i, there in zip(purged, replies[1:], strict=True) if there]
+        if back:
+            await self._link.many([("HSET", self._ids, i, queue) for i in back])
+        return len(purged)
 
     async def close(self) -> None:
         await self._link.aclose()

@@ -38,6 +38,9 @@ on one Redis Cluster shard and every script is given all the keys it touches:
                             their created_at (the oldest queued age is the highest negative
                             score); claim moves a task from one to the other with one ZADD
 ``{p:q}:d``                 zset by finished_at: dead letters
+``{p:q}:f``                 zset by finished_at: done tasks (layout 2), so that a purge reads
+                            only the tasks it deletes; ``:n`` keeps ``fidx`` once the queue's
+                            done tasks of layout 1 are in it (see ``purge.lua``)
 ``{p:q}:k``                 hash: dedup key -> task id
 ``{p:q}:pb``                hash: partition -> its busy tasks (scheduled, queued, leased,
                             failed), while it has any or parked tasks wait on it
@@ -48,7 +51,7 @@ on one Redis Cluster shard and every script is given all the keys it touches:
                             are its first members)
 ``p:ids``                   hash: task id -> queue (ids are unique across queues)
 ``p:queues``                set: every queue enqueued to
-``p:layout``                string: this layout's version (1), written on first use; a client
+``p:layout``                string: this layout's version (2), written on first use; a client
                             refuses a higher one (see ``_async/redis_layout.py``)
 ``p:key:{k}``               hash: idempotency key ``k`` (its own hash tag, so keys spread over
                             a cluster): state, fingerprint, fence, holder, token, times,
@@ -151,6 +154,7 @@ NAMES = (
     "stats",
     "inspect",
     "dead",
+    "purge",
     "key_reserve",
     "key_extend",
     "key_complete",
@@ -342,6 +346,8 @@ class QueueKeys:
     stats: tuple[str, ...]
     inspect: tuple[str, ...]
     dead: tuple[str, ...]
+    purge_done: tuple[str, ...]
+    purge_dead: tuple[str, ...]
 
 
 @lru_cache(maxsize=4096)
@@ -351,12 +357,13 @@ def queue_keys(prefix: str, queue: str) -> QueueKeys:
     t, p, r, g, c, e, n, q, w, i, d, k = (tag + s for s in "tprgcenqwldk")
     pb, pk, ph = tag + "pb", tag + "pk", tag + "ph"  # partitions: busy, parked, hot
     x = tag + "x"  # task contexts
+    f = tag + "f"  # done tasks by finished_at
     return QueueKeys(
         enqueue=(t, p, n, q, w, i, k, pb, pk, ph, x),
         claim=(t, p, c, e, n, q, w, i, d, pb, pk, ph, x),
         extend=(t, n, i),
-        complete=(t, r, i, n, q, w, pb, pk, ph),
-        complete_many=(t, r, i, n, q, w, pb, pk, ph),
+        complete=(t, r, i, n, q, w, pb, pk, ph, f),
+        complete_many=(t, r, i, n, q, w, pb, pk, ph, f),
         fail=(t, p, r, g, c, e, n, i, w, d, q, pb, pk, ph, x),
         release=(t, n, i, q),
         progress=(t, g, c),
@@ -366,6 +373,8 @@ def queue_keys(prefix: str, queue: str) -> QueueKeys:
         stats=(t, n, q, w, i, d, pk, ph),
         inspect=(t, n, i),
         dead=(t, p, r, g, c, e, n, d, x),
+        purge_done=(t, p, r, g, c, e, x, k, n, f, f),
+        purge_dead=(t, p, r, g, c, e, x, k, n, d, f),
     )
 
 

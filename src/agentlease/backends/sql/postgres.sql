@@ -295,6 +295,34 @@ SELECT k.key, k.state, k.fingerprint, k.fence, k.holder,
 FROM (SELECT clock_timestamp() AS now) c
 JOIN agentlease_keys k ON k.key = %(key)s AND k.purge_at > c.now;
 
+-- name: purge_done
+-- Up to %(limit)s done tasks of the queue that finished %(older_than)s seconds ago or earlier,
+-- oldest first, through the partial index agentlease_tasks_done (queue, finished_at), bounded by
+-- the clock read once. Rows another transaction holds are skipped; the rows picked stay locked
+-- until the DELETE. One statement: one atomic step. The state is written out (not a parameter)
+-- so that a generic plan still matches the partial index.
+WITH doomed AS MATERIALIZED (
+    SELECT t.id FROM agentlease_tasks t
+    WHERE t.queue = %(queue)s AND t.state = 'done'
+      AND t.finished_at <= (SELECT clock_timestamp()) - make_interval(secs => %(older_than)s::float8)
+    ORDER BY t.finished_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM agentlease_tasks t USING doomed d WHERE t.id = d.id AND t.state = 'done';
+
+-- name: purge_dead
+-- As purge_done, for dead letters, through agentlease_tasks_dead.
+WITH doomed AS MATERIALIZED (
+    SELECT t.id FROM agentlease_tasks t
+    WHERE t.queue = %(queue)s AND t.state = 'dead'
+      AND t.finished_at <= (SELECT clock_timestamp()) - make_interval(secs => %(older_than)s::float8)
+    ORDER BY t.finished_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM agentlease_tasks t USING doomed d WHERE t.id = d.id AND t.state = 'dead';
+
 -- name: key_purge
 -- Oldest first through the purge_at index, bounded by the clock read once (a volatile call in
 -- the condition could not bound an index scan). Rows another transaction holds (a reserve

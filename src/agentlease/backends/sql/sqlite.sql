@@ -58,6 +58,11 @@ CREATE INDEX IF NOT EXISTS agentlease_leased
     ON agentlease_tasks (queue, expires_at) WHERE state = 'leased';
 CREATE INDEX IF NOT EXISTS agentlease_dead
     ON agentlease_tasks (queue, finished_at) WHERE state = 'dead';
+-- Retention (schema version 9): done tasks by finished time, so a purge visits only the tasks it
+-- deletes (dead letters have agentlease_dead). Built over the tasks already there when an older
+-- database is upgraded, so tasks finished before the upgrade are purged like any other.
+CREATE INDEX IF NOT EXISTS agentlease_done
+    ON agentlease_tasks (queue, finished_at) WHERE state = 'done';
 CREATE UNIQUE INDEX IF NOT EXISTS agentlease_dedup
     ON agentlease_tasks (queue, dedup_key) WHERE dedup_key IS NOT NULL;
 -- Partitions (schema version 4). The busy index answers "is the partition busy" without
@@ -347,6 +352,24 @@ SET state = CASE WHEN partition IS NOT NULL AND EXISTS (
     ) THEN 'parked' ELSE 'queued' END,
     reclaims = 0, failures = 0, finished_at = NULL, seq = :seq, run_at = :now
 WHERE id = :id AND state = 'dead';
+
+-- name: purge_done
+-- Up to :limit done tasks of the queue that finished by :cutoff, oldest first, through the
+-- agentlease_done index (INDEXED BY: an error, never a scan, if it could not be used). One
+-- statement: one atomic step. Deleting the row frees its id and its dedup key.
+DELETE FROM agentlease_tasks WHERE id IN (
+    SELECT id FROM agentlease_tasks INDEXED BY agentlease_done
+    WHERE queue = :queue AND state = 'done' AND finished_at <= :cutoff
+    ORDER BY finished_at LIMIT :limit
+);
+
+-- name: purge_dead
+-- As purge_done, for dead letters, through the agentlease_dead index.
+DELETE FROM agentlease_tasks WHERE id IN (
+    SELECT id FROM agentlease_tasks INDEXED BY agentlease_dead
+    WHERE queue = :queue AND state = 'dead' AND finished_at <= :cutoff
+    ORDER BY finished_at LIMIT :limit
+);
 
 -- name: key_row
 SELECT key, state, fingerprint, fence, holder, expires_at, result, error, created_at,
