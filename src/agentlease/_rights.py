@@ -113,8 +113,8 @@ WORKER_TABLES: dict[str, tuple[str, ...]] = {
     "agentlease_counters": ("SELECT", "INSERT", "UPDATE"),
     "agentlease_counter_holds": ("SELECT", "INSERT", "UPDATE", "DELETE"),
     "agentlease_locks": ("SELECT", "INSERT", "UPDATE"),
-    "agentlease_budgets": ("SELECT", "INSERT", "UPDATE"),
-    "agentlease_breakers": ("SELECT", "INSERT", "UPDATE"),
+    "agentlease_budgets": ("SELECT", "INSERT", "UPDATE", "DELETE"),  # DELETE: purge_state
+    "agentlease_breakers": ("SELECT", "INSERT", "UPDATE", "DELETE"),
 }
 """The worker role's privileges on each table of the schema (UPDATE covers row locks too)."""
 

@@ -51,6 +51,11 @@ cancelled and has unwound. A sync handler still running on its thread keeps its 
 expires and is reaped as after a crash (its late writes are refused). A second signal skips the
 rest of the grace period and ends the run within about a second. Every signal is logged.
 
+Retention. Unless ``purge_every`` is ``None``, the worker purges on a timer, beside its claim
+loop (:mod:`agentlease._janitor`): done and dead tasks of its queue past the queue's retention,
+idempotency keys past their window, expired lock leases, budgets and breakers; each step bounded
+and atomic. A failed round is logged and tried again at the next; it never stops the worker.
+
 Store errors: an unreachable store (:class:`~agentlease.errors.BackendUnavailable`), or any other
 failure of a claim, is logged (rate-limited, with the URL without its password) while the worker
 backs off with jitter and tries again. A store that refuses the worker for good
@@ -84,6 +89,7 @@ from agentlease._deadline import enter_work
 from agentlease._events import EventDispatcher, EventName, logger
 from agentlease._final_writes import FinalWrites
 from agentlease._heartbeat import Heartbeat, Held
+from agentlease._janitor import Janitor
 from agentlease._outage import Outage
 from agentlease._records import Job, Lease
 from agentlease._scope import enter_task
@@ -228,6 +234,7 @@ class AsyncWorker:
             )
             heartbeat.start()
             self._heartbeat = heartbeat
+            janitor = self._janitor()
             try:
                 await self._warn_if_unknown()
                 await self._claim_loop(heartbeat, threads, handler_queue, burst)
@@ -243,6 +250,9 @@ class AsyncWorker:
                 self._forced.set()
                 raise
             finally:
+                if janitor is not None:
+                    janitor.cancel()
+                    await asyncio.gather(janitor, return_exceptions=True)
                 await self._drain(heartbeat)
         finally:
             # A heartbeat thread still inside a store call keeps its backend (it is a daemon).
@@ -254,6 +264,17 @@ class AsyncWorker:
                 resource.close()
             events.stop()
         return self.processed
+
+    def _janitor(self) -> asyncio.Task[None] | None:
+        """Start purging on a timer (see :mod:`agentlease._janitor`), unless switched off."""
+        every = self.settings.purge_every
+        if every is None:
+            return None
+        seed = None if self.settings.seed is None else self.settings.seed + 1
+        janitor = Janitor(
+            self.queue, self.name, every, self.settings.purge_batch, random.Random(seed)
+        )
+        return asyncio.create_task(janitor.run())
 
     def _install_signals(self) -> list[signal.Signals]:
         if threading.current_thread() is not threading.main_thread():

@@ -195,3 +195,19 @@ async def test_async_purge(store: Store) -> None:
         assert counts.get("queued") == 1
     finally:
         await q.close()
+
+
+def test_purge_state_deletes_expired_budgets_and_breakers(store: Store) -> None:
+    backend = store.queue().backend
+    backend.retry_budget("short", 1, False, 0.1, 1, 0.2)
+    backend.retry_budget("long", 1, False, 0.1, 1, 600)
+    backend.breaker_record("short", 0, False, 5, 10, 0.2)
+    time.sleep(0.4)
+    purged = backend.purge_state(100)
+    if store.kind.startswith("redis"):
+        assert purged == 0  # Redis expired them itself
+    else:
+        assert purged == 2
+    assert backend.purge_state(100) == 0
+    assert backend.retry_budget("long", 0, True, 0.1, 1, 600).calls == 1  # the live one stays
+    assert backend.retry_budget("short", 0, True, 0.1, 1, 600).calls == 0  # the expired one went

@@ -206,6 +206,9 @@ class ThreadedAsyncBackend:
     async def sweep_locks(self, limit: int) -> int:
         return await self._run(self._sync.sweep_locks, limit)
 
+    async def purge_state(self, limit: int) -> int:
+        return await self._run(self._sync.purge_state, limit)
+
     async def retry_budget(
         self, key: str, calls: int, retry: bool, ratio: float, minimum: int, ttl: float
     ) -> BudgetState:

@@ -359,6 +359,17 @@ class Backend(Protocol):
         returns how many. (Acquisition treats them as free anyway; this keeps reads tidy.)"""
         ...
 
+    def purge_state(self, limit: int) -> int:
+        """Delete up to ``limit`` retry budgets and up to ``limit`` circuit breakers whose
+        expiry has passed (each counts as absent already), in one atomic step; returns how many.
+        A store that expires them itself (Redis TTLs) returns 0.
+
+        Versioned records, counters and lock rows are not collected: a record or a counter is
+        the user's state and lives until the user changes it, and a lock row keeps its fencing
+        token, which must only rise (they grow with the number of names, not with their use).
+        """
+        ...
+
     # -- retry budgets and circuit breakers ------------------------------------------------------
 
     def retry_budget(
@@ -479,6 +490,7 @@ class AsyncBackend(Protocol):
     async def release_locks(self, names: Sequence[str], owner: str) -> list[str]: ...
     async def lock_holders(self, names: Sequence[str]) -> list[tuple[str, float] | None]: ...
     async def sweep_locks(self, limit: int) -> int: ...
+    async def purge_state(self, limit: int) -> int: ...
     async def retry_budget(
         self, key: str, calls: int, retry: bool, ratio: float, minimum: int, ttl: float
     ) -> BudgetState: ...

@@ -49,6 +49,7 @@ COMMANDS = {
     "inspect": "agentlease.cli.admin",
     "keys": "agentlease.cli.keys",
     "migrate": "agentlease.cli.migrate",
+    "purge": "agentlease.cli.purge",
     "replay": "agentlease.cli.harness",
     "rights": "agentlease.cli.rights",
     "show": "agentlease.cli.show",

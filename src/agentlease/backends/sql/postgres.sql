@@ -323,6 +323,32 @@ WITH doomed AS MATERIALIZED (
 )
 DELETE FROM agentlease_tasks t USING doomed d WHERE t.id = d.id AND t.state = 'dead';
 
+-- name: state_purge
+-- Expired retry budgets and circuit breakers, up to %(limit)s of each, in one statement. The
+-- tables have no index on expires_at (migrations 0007..0009), so each DELETE reads its table in
+-- physical order until it has found %(limit)s expired rows: its cost grows with the live
+-- budgets and breakers (few: one per live key), never with the expired ones already deleted.
+-- FOR UPDATE re-checks expires_at on a row another transaction just renewed, and SKIP LOCKED
+-- passes over a row being written now.
+WITH budgets AS (
+    DELETE FROM agentlease_budgets b WHERE b.key IN (
+        SELECT x.key FROM agentlease_budgets x
+        WHERE x.expires_at <= (SELECT clock_timestamp())
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED
+    )
+    RETURNING 1
+), breakers AS (
+    DELETE FROM agentlease_breakers b WHERE b.key IN (
+        SELECT x.key FROM agentlease_breakers x
+        WHERE x.expires_at <= (SELECT clock_timestamp())
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED
+    )
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM budgets) + (SELECT count(*) FROM breakers);
+
 -- name: key_purge
 -- Oldest first through the purge_at index, bounded by the clock read once (a volatile call in
 -- the condition could not bound an index scan). Rows another transaction holds (a reserve

@@ -138,8 +138,8 @@ CREATE TABLE IF NOT EXISTS agentlease_locks (
 CREATE INDEX IF NOT EXISTS agentlease_locks_expiry
     ON agentlease_locks (expires_at) WHERE owner IS NOT NULL;
 -- Retry budgets and circuit breakers (schema version 6), one row per key. A row whose expires_at
--- has passed counts as absent and is overwritten by the key's next write (expired rows are not
--- deleted otherwise). A breaker's until is the end of its cool-down while open, the end of its
+-- has passed counts as absent and is overwritten by the key's next write, or deleted by
+-- purge_state (schema version 9). A breaker's until is the end of its cool-down while open, the end of its
 -- trial's turn while half-open, 0 while closed.
 CREATE TABLE IF NOT EXISTS agentlease_budgets (
     key        TEXT PRIMARY KEY,
@@ -155,6 +155,10 @@ CREATE TABLE IF NOT EXISTS agentlease_breakers (
     until      REAL NOT NULL,
     expires_at REAL NOT NULL
 ) WITHOUT ROWID;
+-- Retention (schema version 9): expired budgets and breakers are deleted through these, oldest
+-- first, visiting only the rows deleted.
+CREATE INDEX IF NOT EXISTS agentlease_budgets_expiry ON agentlease_budgets (expires_at);
+CREATE INDEX IF NOT EXISTS agentlease_breakers_expiry ON agentlease_breakers (expires_at);
 
 -- name: unpark_trigger
 -- Run after the schema, as one statement (its body holds semicolons of its own).
@@ -511,6 +515,18 @@ WHERE name = :name AND token = :token AND expires_at > :now;
 -- name: hold_end
 DELETE FROM agentlease_counter_holds WHERE name = :name AND token = :token
 RETURNING units;
+
+-- name: budget_purge
+DELETE FROM agentlease_budgets WHERE key IN (
+    SELECT key FROM agentlease_budgets INDEXED BY agentlease_budgets_expiry
+    WHERE expires_at <= :now ORDER BY expires_at LIMIT :limit
+);
+
+-- name: breaker_purge
+DELETE FROM agentlease_breakers WHERE key IN (
+    SELECT key FROM agentlease_breakers INDEXED BY agentlease_breakers_expiry
+    WHERE expires_at <= :now ORDER BY expires_at LIMIT :limit
+);
 
 -- name: budget_get
 SELECT calls, retries, expires_at FROM agentlease_budgets WHERE key = :key;
