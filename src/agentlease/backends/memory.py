@@ -4,6 +4,10 @@ Each primitive runs under one lock, so it is one atomic step for every thread of
 Ready tasks sit in a heap per queue, ordered by (priority descending, sequence); scheduled tasks
 and leases sit in heaps by time. Heap entries are validated when popped (lazy deletion), so claim,
 extend and complete cost O(log n) and the reaper's cost grows with the expired leases only.
+Finished tasks sit in a heap per (queue, state) by finished time, which ``purge_tasks`` pops
+(a requeued dead letter's entry is skipped). A heap entry outlives what it stands for until its
+time comes (a lease that ended stays in the lease heap until its expiry, when the next claim
+drops it), so the heaps hold at most one lease's worth of stale entries.
 Idempotency keys live in a :class:`~agentlease.backends._memory_keys.KeyTable`, versioned
 records, counters and locks in a :class:`~agentlease.backends._memory_state.StateTables`, under
 the same lock; their primitives are the bases MemoryKeys and MemoryState.
