@@ -449,7 +449,7 @@ def revoked(pg: PG) -> Iterator[Callable[[str], None]]:
         ),
         (
             f"REVOKE UPDATE ON {SCHEMA}.agentlease_tasks FROM {WORKER}",
-            f"SELECT, INSERT, UPDATE on table {SCHEMA}.agentlease_tasks",
+            f"SELECT, INSERT, UPDATE, DELETE on table {SCHEMA}.agentlease_tasks",
         ),
         (f"REVOKE USAGE ON SCHEMA {SCHEMA} FROM {WORKER}", f"USAGE on schema '{SCHEMA}'"),
     ],
