@@ -364,9 +364,14 @@ class Backend(Protocol):
         expiry has passed (each counts as absent already), in one atomic step; returns how many.
         A store that expires them itself (Redis TTLs) returns 0.
 
-        Versioned records, counters and lock rows are not collected: a record or a counter is
-        the user's state and lives until the user changes it, and a lock row keeps its fencing
-        token, which must only rise (they grow with the number of names, not with their use).
+        What is not collected, on any store, and why: a versioned record, deleted or not, keeps
+        its version (a deleted record is emptied and its version goes on rising, so that a
+        stale compare-and-set can never succeed on a record created again); a lock keeps its
+        fencing token, which must only rise, once its lease is freed (``sweep_locks``); a
+        counter keeps its value, 0 included (it is the user's state). Each of those is one row
+        or key per name, so they grow with the number of names an application uses, never with
+        how often it uses them. A counter's holds are deleted by the steps on the counter once
+        they run out; idempotency keys by ``purge_keys``.
         """
         ...
 
