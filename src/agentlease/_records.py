@@ -29,6 +29,7 @@ __all__ = [
     "Lease",
     "LeaseInfo",
     "LeaseTerms",
+    "ListedState",
     "LockBusy",
     "NewTask",
     "QueueStats",
@@ -60,6 +61,11 @@ FinishedState = Literal["done", "dead"]
 """The states a task ends in, and is purged from after its retention."""
 
 FINISHED: tuple[FinishedState, ...] = ("done", "dead")
+
+ListedState = Literal["queued", "leased", "done", "dead"]
+"""The states whose tasks can be listed page by page, each through an index of its own."""
+
+LISTED: tuple[ListedState, ...] = ("queued", "leased", "done", "dead")
 
 BUSY: tuple[TaskState, ...] = ("scheduled", "queued", "leased", "failed")
 """The states that keep a task's partition busy: its later tasks stay parked meanwhile."""

@@ -106,3 +106,31 @@ def test_ages() -> None:
     assert parse_age("2w") == 14 * 86_400
     with pytest.raises(InvalidDuration):
         parse_age("1y")
+
+
+def test_tasks_pages_through_a_state_with_its_cursor(url: str) -> None:
+    finish(url, 5, 1)
+    out = run(url, "tasks", "jobs", "--state", "done", "--limit", "2", "--json")
+    assert out.exit_code == 0, out.output
+    first = json.loads(out.stdout)
+    assert len(first["tasks"]) == 2
+    assert first["cursor"] is not None
+    seen = [t["id"] for t in first["tasks"]]
+    cursor = first["cursor"]
+    while cursor is not None:
+        out = run(
+            url, "tasks", "jobs", "--state", "done", "--limit", "2", "--cursor", cursor, "--json"
+        )
+        assert out.exit_code == 0, out.output
+        page = json.loads(out.stdout)
+        seen += [t["id"] for t in page["tasks"]]
+        cursor = page["cursor"]
+    assert len(seen) == len(set(seen)) == 5
+    out = run(url, "tasks", "jobs", "--state", "dead")
+    assert out.exit_code == 0, out.output
+    assert "(last page)" in out.output
+    out = run(url, "tasks", "jobs", "--limit", "1")
+    assert out.exit_code == 0, out.output
+    out = run(url, "tasks", "jobs", "--state", "done", "--cursor", "garbage")
+    assert out.exit_code == 2
+    assert "cursor" in out.stderr

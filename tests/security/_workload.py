@@ -60,6 +60,10 @@ def _queue(url: str) -> None:
         assert queue.purge(name, older_than=0) >= 1
         assert queue.purge(name, state="dead", older_than=0) == 1
         assert queue.enqueue(name, {"n": 1}, dedup_key="one").created  # its key was freed
+        for state in ("queued", "leased", "done", "dead"):
+            _, cursor = queue.tasks(name, state=state, limit=1)  # type: ignore[arg-type]
+            if cursor is not None:
+                queue.tasks(name, state=state, limit=1, cursor=cursor)  # type: ignore[arg-type]
 
 
 def _keys(url: str) -> None:

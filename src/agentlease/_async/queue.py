@@ -14,18 +14,20 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from types import TracebackType
 
-from agentlease import _clock
+from agentlease import _clock, _cursor
 from agentlease import _validate as check
 from agentlease._codec import JSON, encode
 from agentlease._deadline import current_deadline, current_root
 from agentlease._events import Event, Events
 from agentlease._records import (
     FINISHED,
+    LISTED,
     Enqueued,
     FinishedState,
     Job,
     Lease,
     LeaseInfo,
+    ListedState,
     NewTask,
     QueueStats,
     Reaped,
@@ -498,6 +500,39 @@ class AsyncQueue:
         return await self.backend.purge_tasks(
             check.queue_name(queue), state, seconds, check.batch_size(limit)
         )
+
+    async def tasks(
+        self,
+        queue: str,
+        *,
+        state: ListedState = "queued",
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> tuple[list[Task], str | None]:
+        """One page of the queue's tasks in ``state``, read through that state's index.
+
+        Args:
+            queue: the queue.
+            state: ``"queued"`` (in claim order), ``"leased"`` (soonest expiry first),
+                ``"done"`` or ``"dead"`` (most recently finished first).
+            limit: the most tasks on the page (1 to 10,000).
+            cursor: where the page starts: ``None`` for the first, else the cursor the previous
+                page returned.
+
+        Returns:
+            The tasks, and the cursor of the next page (``None`` when this one is the last).
+            Each page is one snapshot; a task that changes state between pages may be missed
+            or listed twice.
+        """
+        if state not in LISTED:
+            raise InvalidInput(
+                f"state must be one of {', '.join(LISTED)} (each has an index), not {state!r}"
+            )
+        after = None if cursor is None else _cursor.decode(cursor, state)
+        tasks, key = await self.backend.list_tasks(
+            check.queue_name(queue), state, check.batch_size(limit), after
+        )
+        return tasks, None if key is None else _cursor.encode(state, key)
 
     # -- events ---------------------------------------------------------------------------------
 

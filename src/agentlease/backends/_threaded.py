@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
+from agentlease._cursor import Key
 from agentlease._records import (
     BreakerState,
     BudgetState,
@@ -25,6 +26,7 @@ from agentlease._records import (
     Lease,
     LeaseInfo,
     LeaseTerms,
+    ListedState,
     LockBusy,
     NewTask,
     QueueStats,
@@ -161,6 +163,11 @@ class ThreadedAsyncBackend:
         self, queue: str, state: FinishedState, older_than: float, limit: int
     ) -> int:
         return await self._run(self._sync.purge_tasks, queue, state, older_than, limit)
+
+    async def list_tasks(
+        self, queue: str, state: ListedState, limit: int, after: Key | None
+    ) -> tuple[list[Task], Key | None]:
+        return await self._run(self._sync.list_tasks, queue, state, limit, after)
 
     async def purge_keys(self, limit: int) -> int:
         return await self._run(self._sync.purge_keys, limit)

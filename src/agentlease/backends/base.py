@@ -66,6 +66,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
+from agentlease._cursor import Key
 from agentlease._records import (
     BreakerState,
     BudgetState,
@@ -77,6 +78,7 @@ from agentlease._records import (
     Lease,
     LeaseInfo,
     LeaseTerms,
+    ListedState,
     LockBusy,
     NewTask,
     QueueStats,
@@ -205,6 +207,22 @@ class Backend(Protocol):
         checkpoint, context), and its id and its dedup key are free again. An unknown queue
         purges nothing. Callers bound ``limit`` (at most 10,000) and loop while a call purges a
         full batch.
+        """
+        ...
+
+    def list_tasks(
+        self, queue: str, state: ListedState, limit: int, after: Key | None
+    ) -> tuple[list[Task], Key | None]:
+        """Up to ``limit`` tasks of ``queue`` in ``state``, in the order of that state's index,
+        starting after the position ``after`` (a key this method returned), read through the
+        index (never a scan of the queue), in one read; and the key of the last task returned
+        if more may follow (else ``None``).
+
+        Orders: ``queued`` in claim order (the store's own), ``leased`` by lease expiry,
+        ``done`` and ``dead`` most recently finished first; ties by task id. A key is the
+        store's index values of the task then its id (see :mod:`agentlease._cursor`); one that
+        does not fit raises InvalidInput. Pages are consistent per page, not across pages: a
+        task that moves while a listing goes on may be missed or seen twice.
         """
         ...
 
@@ -465,6 +483,9 @@ class AsyncBackend(Protocol):
     async def purge_tasks(
         self, queue: str, state: FinishedState, older_than: float, limit: int
     ) -> int: ...
+    async def list_tasks(
+        self, queue: str, state: ListedState, limit: int, after: Key | None
+    ) -> tuple[list[Task], Key | None]: ...
     async def reserve_key(
         self, key: str, fingerprint: str, holder: str, hold_for: float, window: float
     ) -> KeyHold | KeyRecord: ...

@@ -24,6 +24,8 @@ from dataclasses import dataclass, replace
 
 import orjson
 
+from agentlease import _cursor
+from agentlease._cursor import Key
 from agentlease._policy.lease import front_seq, is_live, lease_expiry, lost_reason, reap_outcome
 from agentlease._records import (
     Enqueued,
@@ -32,6 +34,7 @@ from agentlease._records import (
     Lease,
     LeaseInfo,
     LeaseTerms,
+    ListedState,
     NewTask,
     QueueStats,
     Reaped,
@@ -535,6 +538,32 @@ class MemoryBackend(MemoryKeys, MemoryState):
             if ended is not None and not ended:
                 del self._ended[(queue, state)]
             return purged
+
+    def list_tasks(
+        self, queue: str, state: ListedState, limit: int, after: Key | None
+    ) -> tuple[list[Task], Key | None]:
+        # The test store sorts the state's tasks of the queue on every call (no index).
+        with self._lock:
+            rows = [
+                r for r in self._rows.values() if r.task.queue == queue and r.task.state == state
+            ]
+            keys: list[tuple[Key, Task]]
+            if state == "queued":
+                start = _cursor.key(after, int, int, str)
+                keys = [([-r.task.priority, r.seq, r.task.id], r.task) for r in rows]
+            elif state == "leased":
+                start = _cursor.key(after, float, str)
+                keys = [([r.task.expires_at or 0.0, r.task.id], r.task) for r in rows]
+            else:
+                start = _cursor.key(after, float, str)
+                keys = [([r.task.finished_at or 0.0, r.task.id], r.task) for r in rows]
+            desc = state in ("done", "dead")
+            keys.sort(key=lambda kt: kt[0], reverse=desc)
+            if start is not None:
+                keys = [kt for kt in keys if (kt[0] < start if desc else kt[0] > start)]
+            page = keys[:limit]
+            more = len(keys) > limit
+            return [t for _, t in page], (page[-1][0] if more else None)
 
     def close(self) -> None:
         """Nothing to release: the tasks live as long as this object."""

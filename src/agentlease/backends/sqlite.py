@@ -34,6 +34,8 @@ from typing import Any
 
 import orjson
 
+from agentlease import _cursor
+from agentlease._cursor import Key
 from agentlease._policy.lease import (
     FRONT_OFFSET,
     front_seq,
@@ -48,6 +50,7 @@ from agentlease._records import (
     Lease,
     LeaseInfo,
     LeaseTerms,
+    ListedState,
     NewTask,
     QueueStats,
     Reaped,
@@ -78,7 +81,8 @@ Q = queries("agentlease.backends.sql", "sqlite.sql")
 # to date by running it again, after the upgrade_to_<version> steps that change tables it already
 # has (versions 5 and 6 only add tables: they need none; version 7 adds a column, NULL for the
 # tasks already there); version 9 adds the index of done tasks by finished time, which the schema
-# creates over the rows already there (it needs no step of its own, and none of version 8's).
+# creates over the rows already there (it needs no step of its own, and none of version 8's), and
+# indexes of budgets and breakers by expiry; listings read the partial indexes of their state.
 SCHEMA_VERSION = 9
 
 
@@ -516,6 +520,32 @@ class SQLiteBackend(SQLiteKeys, SQLiteState):
         with self._step(write=False) as db:  # one statement: one atomic step
             params = {"queue": queue, "cutoff": time.time() - older_than, "limit": limit}
             return int(db.execute(Q[name], params).rowcount)
+
+    def list_tasks(
+        self, queue: str, state: ListedState, limit: int, after: Key | None
+    ) -> tuple[list[Task], Key | None]:
+        params: dict[str, Any] = {"queue": queue, "limit": limit + 1}
+        if state == "queued":
+            start = _cursor.key(after, int, int, str)
+            if start is not None:
+                params.update(p=start[0], s=start[1])
+        else:
+            start = _cursor.key(after, float, str)
+            if start is not None:
+                params.update(at=start[0], id=start[1])
+        name = f"list_{state}" if start is None else f"list_{state}_after"
+        with self._step(write=False) as db:
+            rows = db.execute(Q[name], params).fetchall()
+        page = rows[:limit]
+        if len(rows) <= limit:
+            return [task_from_row(r[:21]) for r in page], None
+        last = page[-1]
+        key: Key
+        if state == "queued":
+            key = [last[3], last[21], last[0]]
+        else:
+            key = [last[13] if state == "leased" else last[14], last[0]]
+        return [task_from_row(r[:21]) for r in page], key
 
     def close(self) -> None:
         with self._lock:

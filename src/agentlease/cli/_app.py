@@ -54,6 +54,7 @@ COMMANDS = {
     "rights": "agentlease.cli.rights",
     "show": "agentlease.cli.show",
     "stats": "agentlease.cli.admin",
+    "tasks": "agentlease.cli.tasks",
     "worker": "agentlease.cli.work",
 }
 

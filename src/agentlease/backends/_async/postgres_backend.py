@@ -56,6 +56,8 @@ import psycopg
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
+from agentlease import _cursor
+from agentlease._cursor import Key
 from agentlease._policy.lease import lost_reason
 from agentlease._records import (
     STATES,
@@ -65,6 +67,7 @@ from agentlease._records import (
     Lease,
     LeaseInfo,
     LeaseTerms,
+    ListedState,
     NewTask,
     QueueStats,
     Reaped,
@@ -108,6 +111,19 @@ def _rank(ranked: tuple[int, Job]) -> int:
 
 async def _configure(conn: AsyncConnection[Any]) -> None:
     configure(conn)
+
+
+_LISTINGS: dict[tuple[str, bool], str] = {
+    ("queued", False): "list_queued",
+    ("queued", True): "list_queued_after",
+    ("leased", False): "list_leased",
+    ("leased", True): "list_leased_after",
+    ("done", False): "list_done",
+    ("done", True): "list_done_after",
+    ("dead", False): "list_dead",
+    ("dead", True): "list_dead_after",
+}
+"""The named query of each listing: (state, from a cursor)."""
 
 
 class AsyncPostgresBackend(PostgresKeys, PostgresState):
@@ -451,6 +467,30 @@ class AsyncPostgresBackend(PostgresKeys, PostgresState):
     ) -> int:
         query = Q["purge_done"] if state == "done" else Q["purge_dead"]
         return await self._write(query, {"queue": queue, "older_than": older_than, "limit": limit})
+
+    async def list_tasks(
+        self,
+        queue: str,
+        state: ListedState,
+        limit: int,
+        after: Key | None,
+    ) -> tuple[list[Task], Key | None]:
+        params: dict[str, Any] = {"queue": queue, "limit": limit + 1}
+        if state == "queued":
+            start = _cursor.key(after, int, int, str)
+            if start is not None:
+                params.update(p=start[0], s=start[1])
+        else:
+            start = _cursor.key(after, int, str)  # the index's time in microseconds, the id
+            if start is not None:
+                params.update(us=start[0], id=start[1])
+        rows = await self._fetch(Q[_LISTINGS[state, start is not None]], params)
+        page = [task(tuple(r[:21])) for r in rows[:limit]]
+        if len(rows) <= limit:
+            return page, None
+        last = rows[limit - 1]
+        key: Key = [last[3], last[21], last[0]] if state == "queued" else [last[22], last[0]]
+        return page, key
 
     async def wait_for_work(self, queue: str, timeout: float) -> None:
         """Return when ``queue`` is notified (LISTEN/NOTIFY) or after ``timeout`` seconds."""

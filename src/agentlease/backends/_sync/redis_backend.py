@@ -45,6 +45,8 @@ from typing import Any
 
 import redis.backoff
 
+from agentlease import _cursor
+from agentlease._cursor import Key
 from agentlease._records import (
     Enqueued,
     FinishedState,
@@ -52,6 +54,7 @@ from agentlease._records import (
     Lease,
     LeaseInfo,
     LeaseTerms,
+    ListedState,
     NewTask,
     QueueStats,
     Reaped,
@@ -386,6 +389,22 @@ class RedisBackend(RedisKeys, RedisState):
         if back:
             self._link.many([("HSET", self._ids, i, queue) for i in back])
         return len(purged)
+
+    def list_tasks(
+        self,
+        queue: str,
+        state: ListedState,
+        limit: int,
+        after: Key | None,
+    ) -> tuple[list[Task], Key | None]:
+        start = _cursor.key(after, str, str)  # the member (queued) or score, and the task id
+        args = (state, limit, *(("", "") if start is None else start))
+        keys = queue_keys(self._prefix, queue).listing[state]
+        reply = self._link.script("list", keys, args, retry=True)
+        tasks = [task_from(queue, reply[i]) for i in range(2, len(reply), 2)]
+        if not reply[0] or not tasks:
+            return tasks, None
+        return tasks, [reply[-2].decode(), tasks[-1].id]
 
     def close(self) -> None:
         self._link.close()

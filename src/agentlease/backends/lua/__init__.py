@@ -155,6 +155,7 @@ NAMES = (
     "inspect",
     "dead",
     "purge",
+    "list",
     "key_reserve",
     "key_extend",
     "key_complete",
@@ -348,6 +349,7 @@ class QueueKeys:
     dead: tuple[str, ...]
     purge_done: tuple[str, ...]
     purge_dead: tuple[str, ...]
+    listing: dict[str, tuple[str, ...]]
 
 
 @lru_cache(maxsize=4096)
@@ -375,6 +377,10 @@ def queue_keys(prefix: str, queue: str) -> QueueKeys:
         dead=(t, p, r, g, c, e, n, d, x),
         purge_done=(t, p, r, g, c, e, x, k, n, f, f),
         purge_dead=(t, p, r, g, c, e, x, k, n, d, f),
+        listing={
+            s: (t, p, r, g, c, e, x, z)
+            for s, z in (("queued", q), ("leased", i), ("done", f), ("dead", d))
+        },
     )
 
 

@@ -349,6 +349,155 @@ WITH budgets AS (
 )
 SELECT (SELECT count(*) FROM budgets) + (SELECT count(*) FROM breakers);
 
+-- name: list_queued
+-- Listings, one page each, through the state's partial index: the first page from the index's
+-- start; a later one from the cursor's position: the rows tied with it on the index's values
+-- (after it by seq or id), then the rows past them, each part one range of the index, at most
+-- %(limit)s rows each. The last two columns are for the cursor: seq, and the index's time in
+-- whole microseconds (exact, where epoch seconds as a double may not be).
+SELECT t.id, t.queue, t.state, t.priority, t.payload, t.attempt, t.reclaims, t.failures,
+       t.max_reclaims, extract(epoch FROM t.created_at)::float8,
+       extract(epoch FROM t.run_at)::float8, t.dedup_key,
+       extract(epoch FROM t.leased_at)::float8, extract(epoch FROM t.expires_at)::float8,
+       extract(epoch FROM t.finished_at)::float8, t.progress, t.checkpoint, t.result, t.error,
+       t.partition, t.context, t.seq,
+       (extract(epoch FROM t.expires_at) * 1000000)::bigint AS us
+FROM agentlease_tasks t
+WHERE t.queue = %(queue)s AND t.state = 'queued'
+ORDER BY t.priority DESC, t.seq LIMIT %(limit)s;
+
+-- name: list_queued_after
+(SELECT t.id, t.queue, t.state, t.priority, t.payload, t.attempt, t.reclaims, t.failures,
+       t.max_reclaims, extract(epoch FROM t.created_at)::float8,
+       extract(epoch FROM t.run_at)::float8, t.dedup_key,
+       extract(epoch FROM t.leased_at)::float8, extract(epoch FROM t.expires_at)::float8,
+       extract(epoch FROM t.finished_at)::float8, t.progress, t.checkpoint, t.result, t.error,
+       t.partition, t.context, t.seq,
+       (extract(epoch FROM t.expires_at) * 1000000)::bigint AS us
+FROM agentlease_tasks t
+WHERE t.queue = %(queue)s AND t.state = 'queued' AND t.priority = %(p)s AND t.seq > %(s)s
+ORDER BY t.seq LIMIT %(limit)s)
+UNION ALL
+(SELECT t.id, t.queue, t.state, t.priority, t.payload, t.attempt, t.reclaims, t.failures,
+       t.max_reclaims, extract(epoch FROM t.created_at)::float8,
+       extract(epoch FROM t.run_at)::float8, t.dedup_key,
+       extract(epoch FROM t.leased_at)::float8, extract(epoch FROM t.expires_at)::float8,
+       extract(epoch FROM t.finished_at)::float8, t.progress, t.checkpoint, t.result, t.error,
+       t.partition, t.context, t.seq,
+       (extract(epoch FROM t.expires_at) * 1000000)::bigint AS us
+FROM agentlease_tasks t
+WHERE t.queue = %(queue)s AND t.state = 'queued' AND t.priority < %(p)s
+ORDER BY t.priority DESC, t.seq LIMIT %(limit)s)
+ORDER BY 4 DESC, 22 LIMIT %(limit)s;
+
+-- name: list_leased
+SELECT t.id, t.queue, t.state, t.priority, t.payload, t.attempt, t.reclaims, t.failures,
+       t.max_reclaims, extract(epoch FROM t.created_at)::float8,
+       extract(epoch FROM t.run_at)::float8, t.dedup_key,
+       extract(epoch FROM t.leased_at)::float8, extract(epoch FROM t.expires_at)::float8,
+       extract(epoch FROM t.finished_at)::float8, t.progress, t.checkpoint, t.result, t.error,
+       t.partition, t.context, t.seq,
+       (extract(epoch FROM t.expires_at) * 1000000)::bigint AS us
+FROM agentlease_tasks t
+WHERE t.queue = %(queue)s AND t.state = 'leased'
+ORDER BY t.expires_at, t.id LIMIT %(limit)s;
+
+-- name: list_leased_after
+(SELECT t.id, t.queue, t.state, t.priority, t.payload, t.attempt, t.reclaims, t.failures,
+       t.max_reclaims, extract(epoch FROM t.created_at)::float8,
+       extract(epoch FROM t.run_at)::float8, t.dedup_key,
+       extract(epoch FROM t.leased_at)::float8, extract(epoch FROM t.expires_at)::float8,
+       extract(epoch FROM t.finished_at)::float8, t.progress, t.checkpoint, t.result, t.error,
+       t.partition, t.context, t.seq,
+       (extract(epoch FROM t.expires_at) * 1000000)::bigint AS us
+FROM agentlease_tasks t
+WHERE t.queue = %(queue)s AND t.state = 'leased' AND t.expires_at = 'epoch'::timestamptz + %(us)s::bigint * interval '1 microsecond' AND t.id > %(id)s
+ORDER BY t.id LIMIT %(limit)s)
+UNION ALL
+(SELECT t.id, t.queue, t.state, t.priority, t.payload, t.attempt, t.reclaims, t.failures,
+       t.max_reclaims, extract(epoch FROM t.created_at)::float8,
+       extract(epoch FROM t.run_at)::float8, t.dedup_key,
+       extract(epoch FROM t.leased_at)::float8, extract(epoch FROM t.expires_at)::float8,
+       extract(epoch FROM t.finished_at)::float8, t.progress, t.checkpoint, t.result, t.error,
+       t.partition, t.context, t.seq,
+       (extract(epoch FROM t.expires_at) * 1000000)::bigint AS us
+FROM agentlease_tasks t
+WHERE t.queue = %(queue)s AND t.state = 'leased' AND t.expires_at > 'epoch'::timestamptz + %(us)s::bigint * interval '1 microsecond'
+ORDER BY t.expires_at, t.id LIMIT %(limit)s)
+ORDER BY 23, 1 LIMIT %(limit)s;
+
+-- name: list_done
+SELECT t.id, t.queue, t.state, t.priority, t.payload, t.attempt, t.reclaims, t.failures,
+       t.max_reclaims, extract(epoch FROM t.created_at)::float8,
+       extract(epoch FROM t.run_at)::float8, t.dedup_key,
+       extract(epoch FROM t.leased_at)::float8, extract(epoch FROM t.expires_at)::float8,
+       extract(epoch FROM t.finished_at)::float8, t.progress, t.checkpoint, t.result, t.error,
+       t.partition, t.context, t.seq,
+       (extract(epoch FROM t.finished_at) * 1000000)::bigint AS us
+FROM agentlease_tasks t
+WHERE t.queue = %(queue)s AND t.state = 'done'
+ORDER BY t.finished_at DESC, t.id DESC LIMIT %(limit)s;
+
+-- name: list_done_after
+(SELECT t.id, t.queue, t.state, t.priority, t.payload, t.attempt, t.reclaims, t.failures,
+       t.max_reclaims, extract(epoch FROM t.created_at)::float8,
+       extract(epoch FROM t.run_at)::float8, t.dedup_key,
+       extract(epoch FROM t.leased_at)::float8, extract(epoch FROM t.expires_at)::float8,
+       extract(epoch FROM t.finished_at)::float8, t.progress, t.checkpoint, t.result, t.error,
+       t.partition, t.context, t.seq,
+       (extract(epoch FROM t.finished_at) * 1000000)::bigint AS us
+FROM agentlease_tasks t
+WHERE t.queue = %(queue)s AND t.state = 'done' AND t.finished_at = 'epoch'::timestamptz + %(us)s::bigint * interval '1 microsecond' AND t.id < %(id)s
+ORDER BY t.id DESC LIMIT %(limit)s)
+UNION ALL
+(SELECT t.id, t.queue, t.state, t.priority, t.payload, t.attempt, t.reclaims, t.failures,
+       t.max_reclaims, extract(epoch FROM t.created_at)::float8,
+       extract(epoch FROM t.run_at)::float8, t.dedup_key,
+       extract(epoch FROM t.leased_at)::float8, extract(epoch FROM t.expires_at)::float8,
+       extract(epoch FROM t.finished_at)::float8, t.progress, t.checkpoint, t.result, t.error,
+       t.partition, t.context, t.seq,
+       (extract(epoch FROM t.finished_at) * 1000000)::bigint AS us
+FROM agentlease_tasks t
+WHERE t.queue = %(queue)s AND t.state = 'done' AND t.finished_at < 'epoch'::timestamptz + %(us)s::bigint * interval '1 microsecond'
+ORDER BY t.finished_at DESC, t.id DESC LIMIT %(limit)s)
+ORDER BY 23 DESC, 1 DESC LIMIT %(limit)s;
+
+-- name: list_dead
+SELECT t.id, t.queue, t.state, t.priority, t.payload, t.attempt, t.reclaims, t.failures,
+       t.max_reclaims, extract(epoch FROM t.created_at)::float8,
+       extract(epoch FROM t.run_at)::float8, t.dedup_key,
+       extract(epoch FROM t.leased_at)::float8, extract(epoch FROM t.expires_at)::float8,
+       extract(epoch FROM t.finished_at)::float8, t.progress, t.checkpoint, t.result, t.error,
+       t.partition, t.context, t.seq,
+       (extract(epoch FROM t.finished_at) * 1000000)::bigint AS us
+FROM agentlease_tasks t
+WHERE t.queue = %(queue)s AND t.state = 'dead'
+ORDER BY t.finished_at DESC, t.id DESC LIMIT %(limit)s;
+
+-- name: list_dead_after
+(SELECT t.id, t.queue, t.state, t.priority, t.payload, t.attempt, t.reclaims, t.failures,
+       t.max_reclaims, extract(epoch FROM t.created_at)::float8,
+       extract(epoch FROM t.run_at)::float8, t.dedup_key,
+       extract(epoch FROM t.leased_at)::float8, extract(epoch FROM t.expires_at)::float8,
+       extract(epoch FROM t.finished_at)::float8, t.progress, t.checkpoint, t.result, t.error,
+       t.partition, t.context, t.seq,
+       (extract(epoch FROM t.finished_at) * 1000000)::bigint AS us
+FROM agentlease_tasks t
+WHERE t.queue = %(queue)s AND t.state = 'dead' AND t.finished_at = 'epoch'::timestamptz + %(us)s::bigint * interval '1 microsecond' AND t.id < %(id)s
+ORDER BY t.id DESC LIMIT %(limit)s)
+UNION ALL
+(SELECT t.id, t.queue, t.state, t.priority, t.payload, t.attempt, t.reclaims, t.failures,
+       t.max_reclaims, extract(epoch FROM t.created_at)::float8,
+       extract(epoch FROM t.run_at)::float8, t.dedup_key,
+       extract(epoch FROM t.leased_at)::float8, extract(epoch FROM t.expires_at)::float8,
+       extract(epoch FROM t.finished_at)::float8, t.progress, t.checkpoint, t.result, t.error,
+       t.partition, t.context, t.seq,
+       (extract(epoch FROM t.finished_at) * 1000000)::bigint AS us
+FROM agentlease_tasks t
+WHERE t.queue = %(queue)s AND t.state = 'dead' AND t.finished_at < 'epoch'::timestamptz + %(us)s::bigint * interval '1 microsecond'
+ORDER BY t.finished_at DESC, t.id DESC LIMIT %(limit)s)
+ORDER BY 23 DESC, 1 DESC LIMIT %(limit)s;
+
 -- name: key_purge
 -- Oldest first through the purge_at index, bounded by the clock read once (a volatile call in
 -- the condition could not bound an index scan). Rows another transaction holds (a reserve

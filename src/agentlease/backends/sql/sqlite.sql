@@ -375,6 +375,123 @@ DELETE FROM agentlease_tasks WHERE id IN (
     ORDER BY finished_at LIMIT :limit
 );
 
+-- name: list_queued
+-- Listings (schema version 9), one page each, through the state's partial index (INDEXED BY:
+-- an error, never a scan, if it could not be used). The first page reads the index from its
+-- start; a later one from the cursor's position: the rows tied with it on the index's values
+-- (after it by id or seq), then the rows past them, each part a range of the index, at most
+-- :limit rows each. seq comes last, for the cursor of queued tasks.
+SELECT id, queue, state, priority, payload, attempt, reclaims, failures, max_reclaims,
+       created_at, run_at, dedup_key, leased_at, expires_at, finished_at, progress, checkpoint,
+       result, error, partition, context, seq
+FROM agentlease_tasks INDEXED BY agentlease_ready
+WHERE queue = :queue AND state = 'queued'
+ORDER BY priority DESC, seq LIMIT :limit;
+
+-- name: list_queued_after
+SELECT * FROM (
+SELECT id, queue, state, priority, payload, attempt, reclaims, failures, max_reclaims,
+       created_at, run_at, dedup_key, leased_at, expires_at, finished_at, progress, checkpoint,
+       result, error, partition, context, seq
+FROM agentlease_tasks INDEXED BY agentlease_ready
+WHERE queue = :queue AND state = 'queued' AND priority = :p AND seq > :s
+ORDER BY seq LIMIT :limit
+)
+UNION ALL
+SELECT * FROM (
+SELECT id, queue, state, priority, payload, attempt, reclaims, failures, max_reclaims,
+       created_at, run_at, dedup_key, leased_at, expires_at, finished_at, progress, checkpoint,
+       result, error, partition, context, seq
+FROM agentlease_tasks INDEXED BY agentlease_ready
+WHERE queue = :queue AND state = 'queued' AND priority < :p
+ORDER BY priority DESC, seq LIMIT :limit
+)
+ORDER BY 4 DESC, 22 LIMIT :limit;
+
+-- name: list_leased
+SELECT id, queue, state, priority, payload, attempt, reclaims, failures, max_reclaims,
+       created_at, run_at, dedup_key, leased_at, expires_at, finished_at, progress, checkpoint,
+       result, error, partition, context, seq
+FROM agentlease_tasks INDEXED BY agentlease_leased
+WHERE queue = :queue AND state = 'leased'
+ORDER BY expires_at, id LIMIT :limit;
+
+-- name: list_leased_after
+SELECT * FROM (
+SELECT id, queue, state, priority, payload, attempt, reclaims, failures, max_reclaims,
+       created_at, run_at, dedup_key, leased_at, expires_at, finished_at, progress, checkpoint,
+       result, error, partition, context, seq
+FROM agentlease_tasks INDEXED BY agentlease_leased
+WHERE queue = :queue AND state = 'leased' AND expires_at = :at AND id > :id
+ORDER BY id LIMIT :limit
+)
+UNION ALL
+SELECT * FROM (
+SELECT id, queue, state, priority, payload, attempt, reclaims, failures, max_reclaims,
+       created_at, run_at, dedup_key, leased_at, expires_at, finished_at, progress, checkpoint,
+       result, error, partition, context, seq
+FROM agentlease_tasks INDEXED BY agentlease_leased
+WHERE queue = :queue AND state = 'leased' AND expires_at > :at
+ORDER BY expires_at, id LIMIT :limit
+)
+ORDER BY 14, 1 LIMIT :limit;
+
+-- name: list_done
+SELECT id, queue, state, priority, payload, attempt, reclaims, failures, max_reclaims,
+       created_at, run_at, dedup_key, leased_at, expires_at, finished_at, progress, checkpoint,
+       result, error, partition, context, seq
+FROM agentlease_tasks INDEXED BY agentlease_done
+WHERE queue = :queue AND state = 'done'
+ORDER BY finished_at DESC, id DESC LIMIT :limit;
+
+-- name: list_done_after
+SELECT * FROM (
+SELECT id, queue, state, priority, payload, attempt, reclaims, failures, max_reclaims,
+       created_at, run_at, dedup_key, leased_at, expires_at, finished_at, progress, checkpoint,
+       result, error, partition, context, seq
+FROM agentlease_tasks INDEXED BY agentlease_done
+WHERE queue = :queue AND state = 'done' AND finished_at = :at AND id < :id
+ORDER BY id DESC LIMIT :limit
+)
+UNION ALL
+SELECT * FROM (
+SELECT id, queue, state, priority, payload, attempt, reclaims, failures, max_reclaims,
+       created_at, run_at, dedup_key, leased_at, expires_at, finished_at, progress, checkpoint,
+       result, error, partition, context, seq
+FROM agentlease_tasks INDEXED BY agentlease_done
+WHERE queue = :queue AND state = 'done' AND finished_at < :at
+ORDER BY finished_at DESC, id DESC LIMIT :limit
+)
+ORDER BY 15 DESC, 1 DESC LIMIT :limit;
+
+-- name: list_dead
+SELECT id, queue, state, priority, payload, attempt, reclaims, failures, max_reclaims,
+       created_at, run_at, dedup_key, leased_at, expires_at, finished_at, progress, checkpoint,
+       result, error, partition, context, seq
+FROM agentlease_tasks INDEXED BY agentlease_dead
+WHERE queue = :queue AND state = 'dead'
+ORDER BY finished_at DESC, id DESC LIMIT :limit;
+
+-- name: list_dead_after
+SELECT * FROM (
+SELECT id, queue, state, priority, payload, attempt, reclaims, failures, max_reclaims,
+       created_at, run_at, dedup_key, leased_at, expires_at, finished_at, progress, checkpoint,
+       result, error, partition, context, seq
+FROM agentlease_tasks INDEXED BY agentlease_dead
+WHERE queue = :queue AND state = 'dead' AND finished_at = :at AND id < :id
+ORDER BY id DESC LIMIT :limit
+)
+UNION ALL
+SELECT * FROM (
+SELECT id, queue, state, priority, payload, attempt, reclaims, failures, max_reclaims,
+       created_at, run_at, dedup_key, leased_at, expires_at, finished_at, progress, checkpoint,
+       result, error, partition, context, seq
+FROM agentlease_tasks INDEXED BY agentlease_dead
+WHERE queue = :queue AND state = 'dead' AND finished_at < :at
+ORDER BY finished_at DESC, id DESC LIMIT :limit
+)
+ORDER BY 15 DESC, 1 DESC LIMIT :limit;
+
 -- name: key_row
 SELECT key, state, fingerprint, fence, holder, expires_at, result, error, created_at,
        finished_at, purge_at
