@@ -38,6 +38,8 @@ N = 1_000_000 if DEEP else 20_000
 BATCH = 500
 Q = "soak"
 WARM = 2 * BATCH
+# The deep profile runs for minutes per store (a million tasks); the fast one well under one.
+pytestmark = pytest.mark.timeout(4 * 3600 if DEEP else 300)
 
 
 def churn(q: al.Queue, start: int, n: int, every: Callable[[int], None] | None = None) -> None:
