@@ -299,8 +299,9 @@ JOIN agentlease_keys k ON k.key = %(key)s AND k.purge_at > c.now;
 -- Up to %(limit)s done tasks of the queue that finished %(older_than)s seconds ago or earlier,
 -- oldest first, through the partial index agentlease_tasks_done (queue, finished_at), bounded by
 -- the clock read once. Rows another transaction holds are skipped; the rows picked stay locked
--- until the DELETE. One statement: one atomic step. The state is written out (not a parameter)
--- so that a generic plan still matches the partial index.
+-- until the DELETE, which finds them by primary key (an array, so that no plan joins the whole
+-- table). One statement: one atomic step. The state is written out (not a parameter) so that a
+-- generic plan still matches the partial index.
 WITH doomed AS MATERIALIZED (
     SELECT t.id FROM agentlease_tasks t
     WHERE t.queue = %(queue)s AND t.state = 'done'
@@ -309,7 +310,7 @@ WITH doomed AS MATERIALIZED (
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 )
-DELETE FROM agentlease_tasks t USING doomed d WHERE t.id = d.id AND t.state = 'done';
+DELETE FROM agentlease_tasks t WHERE t.id = ANY (ARRAY(SELECT d.id FROM doomed d));
 
 -- name: purge_dead
 -- As purge_done, for dead letters, through agentlease_tasks_dead.
@@ -321,7 +322,7 @@ WITH doomed AS MATERIALIZED (
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 )
-DELETE FROM agentlease_tasks t USING doomed d WHERE t.id = d.id AND t.state = 'dead';
+DELETE FROM agentlease_tasks t WHERE t.id = ANY (ARRAY(SELECT d.id FROM doomed d));
 
 -- name: state_purge
 -- Expired retry budgets and circuit breakers, up to %(limit)s of each, in one statement. The
@@ -331,20 +332,20 @@ DELETE FROM agentlease_tasks t USING doomed d WHERE t.id = d.id AND t.state = 'd
 -- FOR UPDATE re-checks expires_at on a row another transaction just renewed, and SKIP LOCKED
 -- passes over a row being written now.
 WITH budgets AS (
-    DELETE FROM agentlease_budgets b WHERE b.key IN (
+    DELETE FROM agentlease_budgets b WHERE b.key = ANY (ARRAY(
         SELECT x.key FROM agentlease_budgets x
         WHERE x.expires_at <= (SELECT clock_timestamp())
         LIMIT %(limit)s
         FOR UPDATE SKIP LOCKED
-    )
+    ))
     RETURNING 1
 ), breakers AS (
-    DELETE FROM agentlease_breakers b WHERE b.key IN (
+    DELETE FROM agentlease_breakers b WHERE b.key = ANY (ARRAY(
         SELECT x.key FROM agentlease_breakers x
         WHERE x.expires_at <= (SELECT clock_timestamp())
         LIMIT %(limit)s
         FOR UPDATE SKIP LOCKED
-    )
+    ))
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM budgets) + (SELECT count(*) FROM breakers);
