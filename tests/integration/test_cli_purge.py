@@ -134,3 +134,17 @@ def test_tasks_pages_through_a_state_with_its_cursor(url: str) -> None:
     out = run(url, "tasks", "jobs", "--state", "done", "--cursor", "garbage")
     assert out.exit_code == 2
     assert "cursor" in out.stderr
+
+
+def test_the_worker_takes_retentions_and_refuses_one_below_the_floor(url: str) -> None:
+    finish(url, 1, 0)
+    args = ["worker", "json:dumps", "--queue", "jobs", "--burst"]
+    out = run(url, *args, "--done-retention", "10s")
+    assert out.exit_code == 2
+    assert "retention floor of 60s" in out.stderr
+    out = run(url, *args, "--dead-retention", "soon")
+    assert out.exit_code == 2
+    assert "give a number and a unit" in out.stderr
+    out = run(url, *args, "--done-retention", "1m", "--dead-retention", "2h", "--purge-every", "0")
+    assert out.exit_code == 0, out.output
+    assert counts(url) == {"done": 1}

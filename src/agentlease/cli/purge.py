@@ -7,32 +7,18 @@ bounded batches, each one atomic step on the store, until a batch comes back sho
 
 from __future__ import annotations
 
-import re
 from typing import get_args
 
 import click
 from rich.markup import escape
 
 from agentlease._records import FINISHED, FinishedState
-from agentlease.cli._app import backend_option, cli, console, reports_errors
+from agentlease.cli._app import backend_option, cli, console, parse_age, reports_errors
 from agentlease.cli.admin import open_queue, print_json
-from agentlease.errors import InvalidDuration
 
 __all__ = ["parse_age", "purge"]
 
-_UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86_400.0, "w": 7 * 86_400.0}
-_AGE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*")
 BATCH = 1000
-
-
-def parse_age(text: str) -> float:
-    """Seconds from an age such as ``90``, ``90s``, ``15m``, ``12h``, ``1d`` or ``2w``."""
-    match = _AGE.fullmatch(text)
-    if match is None:
-        raise InvalidDuration(
-            f"--older-than {text!r}: give a number and a unit: s, m, h, d or w (e.g. 1d, 12h)"
-        )
-    return float(match.group(1)) * _UNITS[match.group(2)]
 
 
 @cli.command()
