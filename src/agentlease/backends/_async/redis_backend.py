@@ -28,7 +28,9 @@ Retention. ``purge_tasks`` is two steps too: the queue's ``purge`` script delete
 finished tasks (read from a ZSET by finished time: ``:d`` for dead letters, ``:f`` for done
 tasks) and returns their ids, then one pipeline drops those ids from ``<prefix>:ids``. The
 script's reply is kept under its request nonce, so a resend after a lost reply frees the same
-ids; an id re-enqueued to the same queue between the two steps gets its entry back.
+ids, and the next purge of the queue returns them once more, so ids a client that died between
+the steps never freed are freed then; an id re-enqueued to the same queue between the two steps
+gets its entry back.
 
 Version. Before its first call a backend reads ``<prefix>:layout``, the key layout's version
 (written on first use), and refuses a store written by a newer agentlease with
@@ -372,18 +374,19 @@ class AsyncRedisBackend(RedisKeys, RedisState):
     ) -> int:
         keys = queue_keys(self._prefix, queue)
         args = (state, older_than, limit, _nonce())
-        purged = await self._link.script(
+        purged, previous = await self._link.script(
             "purge", keys.purge_done if state == "done" else keys.purge_dead, args, retry=True
         )
-        if not purged:
+        freed = [*purged, *previous]  # the previous batch again: its client may have died
+        if not freed:
             return 0
         # Step 2: free the ids in the global index (another slot). An id enqueued again to this
         # queue between the two steps has a task again: its entry is put back.
         tasks = keys.purge_done[0]
         replies = await self._link.many(
-            [("HDEL", self._ids, *purged), *(("HEXISTS", tasks, i) for i in purged)]
+            [("HDEL", self._ids, *freed), *(("HEXISTS", tasks, i) for i in freed)]
         )
-        back = [i for i, there in zip(purged, replies[1:], strict=True) if there]
+        back = [i for i, there in zip(freed, replies[1:], strict=True) if there]
         if back:
             await self._link.many([("HSET", self._ids, i, queue) for i in back])
         return len(purged)

@@ -5,7 +5,10 @@
 -- (record, payload, result, progress, checkpoint, error, context) and frees its dedup key. Its
 -- entry in the global id index (another slot) is dropped by the client afterwards, from the ids
 -- this returns; a resend of the same request (same nonce, after a lost reply) returns the same
--- ids again, kept in the counters hash until the next purge of the queue.
+-- ids again, kept in the counters hash until the next purge of the queue, which returns them
+-- once more (as "previous"), so that ids a client never freed (it died between the two steps)
+-- are freed by the next purge. Freeing an id twice is harmless: the client puts back the entry
+-- of an id enqueued to this queue again meanwhile.
 --
 -- Done tasks completed by a client of key layout 1 are not in {p:q}:f. While the counters hash
 -- lacks 'fidx', each purge of done tasks first indexes up to limit more of the queue's records
@@ -17,16 +20,14 @@
 --       8 dedup (dedup key -> task id), 9 counters, 10 finished (the ZSET of the state purged),
 --       11 done (the done ZSET, for the backfill)
 -- ARGV: 1 state ('done' or 'dead'), 2 older_than seconds, 3 limit, 4 request nonce
--- Returns: the ids purged.
+-- Returns: {the ids purged, the ids the previous purge of the queue returned}.
 local tasks, counters, finished = KEYS[1], KEYS[9], KEYS[10]
 local want, limit, nonce = ARGV[1], tonumber(ARGV[3]), ARGV[4]
-if redis.call('HGET', counters, 'pnonce') == nonce then
-  local again = {}
-  for id in string.gmatch(redis.call('HGET', counters, 'pids') or '', '%S+') do
-    again[#again + 1] = id
-  end
-  return again
+local last = {}
+for id in string.gmatch(redis.call('HGET', counters, 'pids') or '', '%S+') do
+  last[#last + 1] = id
 end
+if redis.call('HGET', counters, 'pnonce') == nonce then return {last, {}} end
 local state = DEAD
 if want == 'done' then
   state = DONE
@@ -61,5 +62,7 @@ for _, id in ipairs(ids) do
 end
 if #purged > 0 then
   redis.call('HSET', counters, 'pnonce', nonce, 'pids', table.concat(purged, ' '))
+elseif #last > 0 then
+  redis.call('HDEL', counters, 'pnonce', 'pids')  -- handed out once more, below
 end
-return purged
+return {purged, last}
