@@ -58,6 +58,9 @@ RENAMES = {
     "AsyncSpendBudget": "SpendBudget",
     "AsyncSpendHold": "SpendHold",
     "AsyncFactBoard": "FactBoard",
+    # Periodic tasks.
+    "AsyncScheduler": "Scheduler",
+    "AsyncWakeup": "Wakeup",
 }
 SUBS: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"\basync def\b"), "def"),

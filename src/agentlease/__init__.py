@@ -32,6 +32,7 @@ from agentlease.errors import (
     InvalidDuration,
     InvalidInput,
     InvalidName,
+    InvalidSchedule,
     InvalidURL,
     LeaseLost,
     LimitReached,
@@ -47,6 +48,7 @@ from agentlease.errors import (
     PayloadTooLarge,
     PermissionDenied,
     PlanDiverged,
+    QueueInUse,
     ReconciliationConflict,
     ReplayedFailure,
     ReservationLost,
@@ -54,6 +56,7 @@ from agentlease.errors import (
     RetryBudgetExhausted,
     SchemaNotMigrated,
     SchemaTooNew,
+    TaskCancelled,
     TaskTimeout,
     TLSRefused,
     ToolUnavailable,
@@ -74,6 +77,7 @@ if TYPE_CHECKING:
     from agentlease._async.holds import AsyncCounterHold
     from agentlease._async.idempotency import AsyncAction, AsyncIdempotency
     from agentlease._async.queue import AsyncQueue
+    from agentlease._async.scheduler import AsyncScheduler
     from agentlease._async.state import AsyncLockSet, AsyncSharedState
     from agentlease._codec import JSON
     from agentlease._context import AsyncJobContext, JobContext
@@ -94,6 +98,9 @@ if TYPE_CHECKING:
         reconcile,
     )
     from agentlease._records import (
+        Attempt,
+        Cancellation,
+        CancelOutcome,
         Enqueued,
         Job,
         KeyRecord,
@@ -106,8 +113,10 @@ if TYPE_CHECKING:
         TaskSpec,
         TaskState,
         Versioned,
+        WorkerInfo,
     )
     from agentlease._retry import retry
+    from agentlease._schedule import Schedule, Tick
     from agentlease._scope import current_fence, current_key, idempotency_scope
     from agentlease._settings import IdempotencySettings, QueueSettings, WorkerSettings
     from agentlease._sync.budgets import CircuitBreaker, RetryBudget, SpendBudget, SpendHold
@@ -115,6 +124,7 @@ if TYPE_CHECKING:
     from agentlease._sync.holds import CounterHold
     from agentlease._sync.idempotency import Action, Idempotency
     from agentlease._sync.queue import Queue
+    from agentlease._sync.scheduler import Scheduler
     from agentlease._sync.state import LockSet, SharedState
     from agentlease._versioned_sql import versioned_update
     from agentlease._worker import AsyncWorker, Worker
@@ -135,6 +145,7 @@ _LAZY = {
     "AsyncAction": "agentlease._async.idempotency",
     "AsyncIdempotency": "agentlease._async.idempotency",
     "AsyncQueue": "agentlease._async.queue",
+    "AsyncScheduler": "agentlease._async.scheduler",
     "AsyncLockSet": "agentlease._async.state",
     "AsyncSharedState": "agentlease._async.state",
     "JSON": "agentlease._codec",
@@ -157,6 +168,8 @@ _LAZY = {
     "full_jitter": "agentlease._policy.retry",
     "StateMachine": "agentlease._policy.transitions",
     "retry": "agentlease._retry",
+    "Schedule": "agentlease._schedule",
+    "Tick": "agentlease._schedule",
     "Fact": "agentlease._reconcile",
     "LatestByVersion": "agentlease._reconcile",
     "MustAgree": "agentlease._reconcile",
@@ -164,6 +177,9 @@ _LAZY = {
     "PreferSource": "agentlease._reconcile",
     "Union": "agentlease._reconcile",
     "reconcile": "agentlease._reconcile",
+    "Attempt": "agentlease._records",
+    "CancelOutcome": "agentlease._records",
+    "Cancellation": "agentlease._records",
     "Enqueued": "agentlease._records",
     "Job": "agentlease._records",
     "KeyRecord": "agentlease._records",
@@ -176,6 +192,7 @@ _LAZY = {
     "TaskSpec": "agentlease._records",
     "TaskState": "agentlease._records",
     "Versioned": "agentlease._records",
+    "WorkerInfo": "agentlease._records",
     "current_fence": "agentlease._scope",
     "current_key": "agentlease._scope",
     "idempotency_scope": "agentlease._scope",
@@ -189,6 +206,7 @@ _LAZY = {
     "Action": "agentlease._sync.idempotency",
     "Idempotency": "agentlease._sync.idempotency",
     "Queue": "agentlease._sync.queue",
+    "Scheduler": "agentlease._sync.scheduler",
     "LockSet": "agentlease._sync.state",
     "SharedState": "agentlease._sync.state",
     "versioned_update": "agentlease._versioned_sql",
@@ -218,16 +236,20 @@ __all__ = [
     "AsyncLockSet",
     "AsyncQueue",
     "AsyncRetryBudget",
+    "AsyncScheduler",
     "AsyncSharedState",
     "AsyncSpendBudget",
     "AsyncSpendHold",
     "AsyncWorker",
+    "Attempt",
     "AuthenticationFailed",
     "Backend",
     "BackendError",
     "BackendRefused",
     "BackendUnavailable",
     "BudgetExceeded",
+    "CancelOutcome",
+    "Cancellation",
     "Cancelled",
     "CircuitBreaker",
     "CircuitOpen",
@@ -250,6 +272,7 @@ __all__ = [
     "InvalidDuration",
     "InvalidInput",
     "InvalidName",
+    "InvalidSchedule",
     "InvalidURL",
     "Job",
     "JobContext",
@@ -281,6 +304,7 @@ __all__ = [
     "Policy",
     "PreferSource",
     "Queue",
+    "QueueInUse",
     "QueueSettings",
     "QueueStats",
     "Reaped",
@@ -291,6 +315,8 @@ __all__ = [
     "RetryBudget",
     "RetryBudgetExhausted",
     "RetryPolicy",
+    "Schedule",
+    "Scheduler",
     "SchemaNotMigrated",
     "SchemaTooNew",
     "SharedState",
@@ -299,9 +325,11 @@ __all__ = [
     "StateMachine",
     "TLSRefused",
     "Task",
+    "TaskCancelled",
     "TaskSpec",
     "TaskState",
     "TaskTimeout",
+    "Tick",
     "ToolUnavailable",
     "TransitionRefused",
     "Union",
@@ -310,6 +338,7 @@ __all__ = [
     "Versioned",
     "Worker",
     "WorkerError",
+    "WorkerInfo",
     "WorkerSettings",
     "__version__",
     "call_timeout",

@@ -11,6 +11,11 @@ raises :class:`~agentlease.errors.DeadlineExceeded` and ``wait()`` wakes; so doe
 handler's context, copied into its thread). A deadline ends the whole tree of work: the worker
 dead-letters the task (reason ``deadline``), never retries it.
 
+Cancellation. A task cancelled while it runs (:meth:`~agentlease.Queue.cancel`) is found by the
+worker's next heartbeat: from then on ``cancelled`` and ``lost`` are true, ``check()`` raises
+:class:`~agentlease.errors.TaskCancelled` with the reason, ``wait()`` wakes, and an async
+handler is cancelled. The task has ended ``cancelled``: nothing the attempt writes is accepted.
+
 The time limit. An attempt may also have a time limit (the task's ``timeout``, or the worker's
 ``task_timeout``): ``limit_at`` is when it ends on this process's monotonic clock. Past it,
 ``cancelled`` is true and ``check()`` raises :class:`~agentlease.errors.TaskTimeout`: the attempt
@@ -39,6 +44,7 @@ from agentlease.errors import (
     Cancelled,
     DeadlineExceeded,
     LeaseLost,
+    TaskCancelled,
     TaskTimeout,
 )
 
@@ -112,6 +118,8 @@ class _Base:
         """Raise if the job should stop: call it between steps of long sync work.
 
         Raises:
+            TaskCancelled: the task was cancelled (its reason attached); nothing more of this
+                attempt is accepted.
             LeaseLost: the lease is gone; another worker may run this task now.
             Cancelled: the worker is shutting down past its grace period.
             DeadlineExceeded: the task's deadline passed (the task is dead-lettered).
@@ -119,6 +127,8 @@ class _Base:
         """
         if self.held.lost.is_set():
             lease = self.job.lease
+            if self.held.cancel_reason is not None:
+                raise TaskCancelled(lease.task_id, self.held.cancel_reason, attempt=lease.attempt)
             raise LeaseLost(
                 lease.task_id,
                 lease.attempt,

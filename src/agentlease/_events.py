@@ -1,7 +1,8 @@
 """Structured events: what happened to which lease, for logs, metrics and tests.
 
-Every event goes to the ``agentlease`` logger (with its fields as ``extra``) and to the optional
-``on_event`` callback of the queue or worker that saw it.
+Every event goes to the ``agentlease`` logger (with its fields as ``extra``), to the optional
+``on_event`` callback of the queue or worker that saw it, and to the installed telemetry exporter
+(:mod:`agentlease._telemetry`: OpenTelemetry's counters and spans), if any.
 
 A worker delivers its events through an :class:`EventDispatcher`: the heartbeat and watchdog
 threads only put them in a bounded queue, and one thread of the dispatcher's own runs the
@@ -18,6 +19,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
+
+from agentlease import _telemetry
 
 __all__ = ["Event", "EventDispatcher", "EventName", "Events"]
 
@@ -83,7 +86,8 @@ class Events:
         """
         level = _LEVELS[name]
         exc = fields.pop("exc_info", None)
-        if self.callback is None and not logger.isEnabledFor(level):
+        telemetry = _telemetry.current()
+        if self.callback is None and telemetry is None and not logger.isEnabledFor(level):
             return
         event = Event(name, queue, task_id, attempt, fields)
         logger.log(
@@ -108,6 +112,11 @@ class Events:
                 self.callback(event)
             except Exception:
                 logger.exception("on_event callback failed for %s", name)
+        if telemetry is not None:
+            try:
+                telemetry.event(event)
+            except Exception:
+                logger.exception("telemetry failed for event %s", name)
 
 
 _Pending = tuple[EventName, str, str, int, dict[str, object]]
@@ -153,7 +162,11 @@ class EventDispatcher:
         self, name: EventName, queue: str, task_id: str, attempt: int, **fields: object
     ) -> None:
         """Queue one event for delivery; never blocks."""
-        if self.events.callback is None and not logger.isEnabledFor(_LEVELS[name]):
+        if (
+            self.events.callback is None
+            and _telemetry.current() is None
+            and not logger.isEnabledFor(_LEVELS[name])
+        ):
             return
         try:
             self._queue.put_nowait((name, queue, task_id, attempt, fields))

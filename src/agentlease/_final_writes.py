@@ -8,6 +8,11 @@ reaped, as after a crash). A retry refused with ``LeaseLost`` may follow a first
 applied but whose reply was lost: the task's record tells which. A write the store refuses for
 good (:class:`~agentlease.errors.BackendRefused`: a missing privilege) is kept in ``refused``,
 and the worker stops on it.
+
+A write refused with :class:`~agentlease.errors.TaskCancelled` (the task was cancelled while its
+handler ran, before the heartbeat told it) is followed by one extension of the lease: the store
+ends the task ``cancelled`` in it (see :meth:`FinalWrites.end_cancelled`), so the task does not
+wait for its lease to run out.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from agentlease.errors import (
     BackendRefused,
     BackendUnavailable,
     LeaseLost,
+    TaskCancelled,
     UnknownTask,
 )
 
@@ -73,6 +79,9 @@ class FinalWrites:
                 async with asyncio.timeout(self._timeout):
                     await write()
                 return True
+            except TaskCancelled:
+                await self.end_cancelled(held)
+                return False
             except LeaseLost:
                 return retried and await self._applied(held.lease)
             except (BackendUnavailable, TimeoutError) as exc:
@@ -134,6 +143,9 @@ class FinalWrites:
         for held, outcome in zip(helds, outcomes, strict=True):
             if outcome is None:
                 accepted.append(True)
+            elif isinstance(outcome, TaskCancelled):
+                await self.end_cancelled(held)
+                accepted.append(False)
             elif isinstance(outcome, LeaseLost):
                 # A retry refused may follow a first try that was applied but whose reply was lost.
                 accepted.append(retried and await self._applied(held.lease))
@@ -141,6 +153,17 @@ class FinalWrites:
                 logger.error("completion of %s refused: %s", held.lease.task_id, outcome)
                 accepted.append(False)
         return accepted
+
+    async def end_cancelled(self, held: Held) -> None:
+        """Tell the store this lease's holder knows its task was cancelled: one extension of
+        the lease, which the store refuses and, in the same step, uses to end the task
+        ``cancelled`` (as the heartbeat's would). Best effort: if it fails, the next heartbeat
+        or the reaper does the same."""
+        try:
+            async with asyncio.timeout(self._timeout):
+                await self.queue.extend([held.lease])
+        except (AgentLeaseError, TimeoutError) as exc:
+            logger.info("cancelled task %s is left to the reaper: %s", held.lease.task_id, exc)
 
     async def _applied(self, lease: Lease) -> bool:
         """Whether the store shows this lease's own final write (no later claim happened)."""

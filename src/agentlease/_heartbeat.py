@@ -15,6 +15,12 @@ or when this worker claims the same task again (the store gave it a new lease: t
 out). Each lease is tracked by task id *and* token, so attempt 1 of a task and its re-claimed
 attempt 2 are never confused.
 
+A task cancelled while leased (:meth:`~agentlease.Queue.cancel`) is not renewed: the store ends
+it ``cancelled`` in the extension that finds it flagged. The heartbeat then reads the task once
+to tell a cancellation from any other loss, and keeps its reason on the lease
+(``Held.cancel_reason``), so that the handler's ``ctx.check()`` raises
+:class:`~agentlease.errors.TaskCancelled` with it.
+
 Neither thread runs user code or logging I/O: events go to an
 :class:`~agentlease._events.EventDispatcher`, and a lost lease's ``on_lost`` callback only
 schedules the handler's cancellation.
@@ -54,6 +60,7 @@ class Held:
         ok_at: monotonic time the last successful claim or extension was sent.
         deadline: monotonic time past which the lease is treated as lost locally.
         lost_reason: why it was lost, once it is.
+        cancel_reason: the task's cancel reason, when it was lost because the task was cancelled.
         lost: set once the lease is lost; the job's writes are refused from then on.
     """
 
@@ -62,6 +69,7 @@ class Held:
     ok_at: float
     deadline: float
     lost_reason: str | None = None
+    cancel_reason: str | None = None
     lost: threading.Event = field(default_factory=threading.Event)
 
     @property
@@ -173,6 +181,11 @@ class Heartbeat:
                     if self._held.get(h.key) is not h:
                         continue  # its job finished while the beat was on its way
                 old = h.lease
+                cancelled = self._cancel_reason(old)
+                if cancelled is not None:
+                    h.cancel_reason = cancelled
+                    self._lose(h, f"task cancelled: {cancelled}")
+                    continue
                 self._events.emit(
                     "zombie_rejected", old.queue, old.task_id, old.attempt, write="extend"
                 )
@@ -188,6 +201,17 @@ class Heartbeat:
                     lease.attempt,
                     expires_at=lease.expires_at,
                 )
+
+    def _cancel_reason(self, lease: Lease) -> str | None:
+        """The reason a lease not renewed was cancelled with, or ``None`` if it was lost
+        otherwise (or the store cannot tell now)."""
+        try:
+            task = self._backend.get(lease.task_id)
+        except AgentLeaseError:
+            return None
+        if task.state != "cancelled" or task.attempt != lease.attempt:
+            return None
+        return task.cancel_reason
 
     def check_deadlines(self) -> None:
         """Lose every held lease whose local deadline has passed."""

@@ -3,8 +3,9 @@
 Every ``WorkerSettings.purge_every`` seconds (jittered, first round soon after start) a worker's
 janitor runs one round on its store:
 
-* done and dead tasks of the worker's queue past the queue's ``done_retention`` and
-  ``dead_retention`` (``purge_tasks``), which frees their ids and dedup keys;
+* done, dead and cancelled tasks of the worker's queue past the queue's ``done_retention`` and
+  ``dead_retention`` (which cancelled tasks share) (``purge_tasks``), which frees their ids and
+  dedup keys;
 * idempotency keys past their dedup window (``purge_keys``; Redis expires them itself);
 * expired lock leases (``sweep_locks``);
 * retry budgets and circuit breakers past their expiry (``purge_state``; Redis expires them

@@ -17,9 +17,14 @@ import orjson
 from agentlease._codec import JSON, decode
 
 __all__ = [
+    "ATTEMPTS_KEPT",
+    "Attempt",
+    "AttemptOutcome",
     "BreakerState",
     "BreakerStatus",
     "BudgetState",
+    "CancelOutcome",
+    "Cancellation",
     "Enqueued",
     "FinishedState",
     "Job",
@@ -40,13 +45,21 @@ __all__ = [
     "TaskSpec",
     "TaskState",
     "Versioned",
+    "WorkerInfo",
+    "attempts_from_json",
+    "close_attempt",
     "encode_context",
+    "error_type",
+    "open_attempt",
 ]
 
-TaskState = Literal["parked", "scheduled", "queued", "leased", "failed", "done", "dead"]
+TaskState = Literal[
+    "parked", "scheduled", "queued", "leased", "failed", "done", "dead", "cancelled"
+]
 """``parked``: waiting behind an unfinished task of the same partition; ``scheduled``: waiting
 for ``run_at``; ``queued``: ready; ``leased``: held by a worker; ``failed``: raised and waiting
-for its retry time; ``done``: completed; ``dead``: dead-lettered."""
+for its retry time; ``done``: completed; ``dead``: dead-lettered; ``cancelled``: cancelled by
+:meth:`~agentlease.Queue.cancel` (its reason in ``cancel_reason``)."""
 
 STATES: tuple[TaskState, ...] = (
     "parked",
@@ -56,16 +69,18 @@ STATES: tuple[TaskState, ...] = (
     "failed",
     "done",
     "dead",
+    "cancelled",
 )
-FinishedState = Literal["done", "dead"]
+FinishedState = Literal["done", "dead", "cancelled"]
 """The states a task ends in, and is purged from after its retention."""
 
-FINISHED: tuple[FinishedState, ...] = ("done", "dead")
+FINISHED: tuple[FinishedState, ...] = ("done", "dead", "cancelled")
+"""The terminal states: nothing moves a task out of them but ``requeue_dead`` (dead only)."""
 
-ListedState = Literal["queued", "leased", "done", "dead"]
+ListedState = Literal["queued", "leased", "done", "dead", "cancelled"]
 """The states whose tasks can be listed page by page, each through an index of its own."""
 
-LISTED: tuple[ListedState, ...] = ("queued", "leased", "done", "dead")
+LISTED: tuple[ListedState, ...] = ("queued", "leased", "done", "dead", "cancelled")
 
 BUSY: tuple[TaskState, ...] = ("scheduled", "queued", "leased", "failed")
 """The states that keep a task's partition busy: its later tasks stay parked meanwhile."""
@@ -98,7 +113,9 @@ class Job:
     """A claimed task as a worker sees it: the lease plus what the handler needs.
 
     ``context_json`` is the task's context as enqueued (see :func:`encode_context`): the root task
-    and the deadline it inherited, or ``None``.
+    and the deadline it inherited, its own time limit and the trace it was enqueued in, or
+    ``None``. ``run_at`` is when the task became due on the store's clock (its enqueue, delay or
+    retry time), where the store reports it: ``lease.leased_at - run_at`` is how long it waited.
     """
 
     lease: Lease
@@ -108,6 +125,7 @@ class Job:
     failures: int = 0
     reclaims: int = 0
     context_json: bytes | None = None
+    run_at: float | None = None
 
     @property
     def task_id(self) -> str:
@@ -144,6 +162,12 @@ class Job:
         """The task's own time limit per attempt in seconds, or ``None`` (the worker's)."""
         return _context_timeout(self.context_json)
 
+    @property
+    def trace_context(self) -> dict[str, str]:
+        """The W3C trace context the task was enqueued in (``traceparent`` and, if any,
+        ``tracestate``); empty when it was enqueued without tracing."""
+        return _context_trace(self.context_json)
+
 
 @dataclass(frozen=True, slots=True)
 class Task:
@@ -170,11 +194,23 @@ class Task:
     error_json: bytes | None = None
     partition: str | None = None
     context_json: bytes | None = None
+    cancel_reason: str | None = None
+    """Why the task was cancelled, once a cancel was asked for: ``cancelled`` tasks, and
+    ``leased`` ones whose holder has not been told yet (its next heartbeat ends them)."""
+    attempts: tuple[Attempt, ...] = field(default=(), compare=False)
+    """The task's last attempts (at most :data:`ATTEMPTS_KEPT`), oldest first, as ``get``
+    reads them; empty where a primitive returns a task without them (``fail``, ``dead``), so
+    they take no part in comparing two snapshots of a task."""
 
     @property
     def payload(self) -> JSON:
         """The payload, decoded."""
         return decode(self.payload_json)
+
+    @property
+    def cancel_requested(self) -> bool:
+        """Whether a cancel was asked for while the task was leased, and not yet carried out."""
+        return self.state == "leased" and self.cancel_reason is not None
 
     @property
     def root_id(self) -> str:
@@ -190,6 +226,12 @@ class Task:
     def timeout(self) -> float | None:
         """The task's own time limit per attempt in seconds, or ``None`` (the worker's)."""
         return _context_timeout(self.context_json)
+
+    @property
+    def trace_context(self) -> dict[str, str]:
+        """The W3C trace context the task was enqueued in (``traceparent`` and, if any,
+        ``tracestate``); empty when it was enqueued without tracing."""
+        return _context_trace(self.context_json)
 
     @property
     def result(self) -> JSON:
@@ -256,13 +298,27 @@ class NewTask:
 
 
 def encode_context(
-    root: str | None, deadline: float | None, timeout: float | None = None
+    root: str | None,
+    deadline: float | None,
+    timeout: float | None = None,
+    trace: dict[str, str] | None = None,
 ) -> bytes | None:
     """A task's context as the store keeps it (verbatim, beside the task): the JSON object
     ``{"root": <root task id>, "deadline": <seconds on the store's clock>, "timeout": <seconds
-    an attempt may run>}``, each key only when known; ``None`` when none is (the task is its own
-    root, with no deadline and no time limit of its own)."""
-    if root is None and deadline is None and timeout is None:
+    an attempt may run>, "traceparent": ..., "tracestate": ...}``, each key only when known;
+    ``None`` when none is (the task is its own root, with no deadline, no time limit of its own
+    and no trace).
+
+    The trace context (W3C ``traceparent`` and ``tracestate``, from ``trace``) is part of the
+    task's context, not of its payload: like the root and the deadline it describes where the
+    task comes from, is written once at enqueue by the code that enqueues it, kept by every
+    store in the task's own context field (a column in SQLite and PostgreSQL, a field of the
+    task's hash in Redis) through retries, reclaims and requeues, handed to whoever claims the
+    task, and never seen by the handler's payload. A handler's spans join the enqueuer's trace
+    through it, across processes and machines.
+    """
+    trace = {k: v for k, v in (trace or {}).items() if k in _TRACE_KEYS and v}
+    if root is None and deadline is None and timeout is None and not trace:
         return None
     context: dict[str, str | float] = {}
     if root is not None:
@@ -271,7 +327,16 @@ def encode_context(
         context["deadline"] = float(deadline)
     if timeout is not None:
         context["timeout"] = float(timeout)
+    context.update(trace)
     return orjson.dumps(context)
+
+
+_TRACE_KEYS = ("traceparent", "tracestate")
+
+
+def _context_trace(data: bytes | None) -> dict[str, str]:
+    context = _context(data)
+    return {k: v for k in _TRACE_KEYS if isinstance(v := context.get(k), str) and v}
 
 
 def _context(data: bytes | None) -> dict[str, Any]:
@@ -326,12 +391,15 @@ class LeaseTerms:
         progress_timeout: if set, a lease not followed by progress within this many seconds is
             not extended past that point, so an alive-but-stuck holder is reaped.
         reap_front: whether tasks reaped by this claim go to the front of their priority.
+        holder: who claims (a worker's id, see :class:`WorkerInfo`): the store records it with
+            each lease it grants (``inspect`` shows it) and in the task's attempt history.
     """
 
     lease_for: float
     max_total: float
     progress_timeout: float | None = None
     reap_front: bool = True
+    holder: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -341,7 +409,48 @@ class Reaped:
     task_id: str
     queue: str
     attempt: int
-    outcome: Literal["requeued", "dead"]
+    outcome: Literal["requeued", "dead", "cancelled"]
+
+
+CancelOutcome = Literal["cancelled", "requested", "finished"]
+"""``cancelled``: the task was waiting (queued, scheduled, failed, parked) or its lease had run
+out, and is now ``cancelled``; ``requested``: it is leased, and its holder is told at its next
+heartbeat (the task then ends ``cancelled``); ``finished``: it had already ended (done, dead or
+cancelled) and nothing changed."""
+
+
+@dataclass(frozen=True, slots=True)
+class Cancellation:
+    """What :meth:`~agentlease.Queue.cancel` did, decided in one atomic step on the store.
+
+    Attributes:
+        task_id: the task.
+        outcome: see :data:`CancelOutcome`.
+        state: the task's state after the call.
+        reason: the reason in force: the one given, or for a task already cancelled (or with a
+            cancel already requested), the first one.
+    """
+
+    task_id: str
+    outcome: CancelOutcome
+    state: TaskState
+    reason: str | None
+
+
+def cancel_error(reason: str) -> bytes:
+    """The error a cancelled task keeps (written when the cancel is asked for): ``{"type":
+    "TaskCancelled", "message": ..., "reason": <the reason>}``."""
+    error = {"type": "TaskCancelled", "message": f"cancelled: {reason}", "reason": reason}
+    return orjson.dumps(error)
+
+
+def reason_of(error_json: bytes | None) -> str | None:
+    """The cancel reason in a stored cancel error (see :func:`cancel_error`), else ``None``."""
+    error = _context(error_json)
+    reason = error.get("reason")
+    if error.get("type") != "TaskCancelled" or not isinstance(reason, str):
+        return None
+    return reason
 
 
 @dataclass(frozen=True, slots=True)
@@ -372,13 +481,202 @@ class LeaseInfo:
     expires_in: float
     reclaims: int
     failures: int
+    holder: str | None = None
+    """The worker that claimed the lease (its id: ``host:pid:...``), ``None`` if the claim
+    named none."""
+
+
+AttemptOutcome = Literal["done", "failed", "timed_out", "released", "expired"]
+"""How an attempt ended: ``done`` (completed), ``failed`` (raised; ``error`` names the type),
+``timed_out`` (failed with ``TaskTimeout``: it ran past its time limit), ``released`` (given
+back unrun, e.g. at shutdown), ``expired`` (its lease ran out and a reaper took the task back;
+the worker died or stalled). Other stores' or newer versions' outcomes pass through as
+stored."""
+
+ATTEMPTS_KEPT = 20
+"""How many attempts of a task the store keeps (the oldest are dropped first)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """One attempt (one claim) of a task, as the store recorded it.
+
+    Attributes:
+        attempt: the lease's fencing number.
+        worker: the id of the worker that claimed it (``None`` if the claim named none).
+        started: when it was claimed, on the store's clock.
+        ended: when it ended (``None`` while it runs).
+        outcome: how it ended (see :data:`AttemptOutcome`), ``None`` while it runs.
+        error: the error type of a failed attempt, else ``None``.
+    """
+
+    attempt: int
+    worker: str | None
+    started: float
+    ended: float | None = None
+    outcome: str | None = None
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, JSON]:
+        """The attempt as a JSON object."""
+        return {
+            "attempt": self.attempt,
+            "worker": self.worker,
+            "started": self.started,
+            "ended": self.ended,
+            "outcome": self.outcome,
+            "error": self.error,
+        }
+
+
+def _num(value: Any) -> float | None:
+    if value is None or value is False or value == "":
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def attempts_from_json(data: bytes | str | None) -> tuple[Attempt, ...]:
+    """A task's attempts from the JSON array a store keeps (objects with ``attempt``, ``worker``,
+    ``started``, ``ended``, ``outcome``, ``error``; times as numbers or decimal strings), sorted
+    by attempt. A failure whose error type is ``TaskTimeout`` reads as ``timed_out``."""
+    if not data:
+        return ()
+    try:
+        items = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return ()
+    if isinstance(items, dict):  # an empty Lua table encodes as {}
+        items = list(items.values())
+    out: list[Attempt] = []
+    for item in items if isinstance(items, list) else ():
+        if not isinstance(item, dict):
+            continue
+        number = _num(item.get("attempt"))
+        started = _num(item.get("started"))
+        if number is None or started is None:
+            continue
+        outcome = _text(item.get("outcome"))
+        error = _text(item.get("error"))
+        if outcome == "failed" and error == "TaskTimeout":
+            outcome = "timed_out"
+        out.append(
+            Attempt(
+                int(number),
+                _text(item.get("worker")),
+                started,
+                _num(item.get("ended")),
+                outcome,
+                error if outcome in ("failed", "timed_out") else None,
+            )
+        )
+    out.sort(key=lambda a: a.attempt)
+    return tuple(out[-ATTEMPTS_KEPT:])
+
+
+def error_type(error_json: bytes | None) -> str | None:
+    """The ``type`` of a recorded error (``{"type": ..., "message": ...}``), else ``None``."""
+    value = _context(error_json)
+    kind = value.get("type")
+    return kind if isinstance(kind, str) and kind else None
+
+
+def open_attempt(
+    attempts: tuple[Attempt, ...], attempt: int, worker: str | None, now: float
+) -> tuple[Attempt, ...]:
+    """The history with a new running attempt, the oldest dropped past :data:`ATTEMPTS_KEPT`."""
+    return (*attempts, Attempt(attempt, worker, now))[-ATTEMPTS_KEPT:]
+
+
+def close_attempt(
+    attempts: tuple[Attempt, ...],
+    attempt: int,
+    now: float,
+    outcome: str,
+    error: str | None = None,
+) -> tuple[Attempt, ...]:
+    """The history with the running attempt numbered ``attempt`` ended (unchanged if none); a
+    failure whose error type is ``TaskTimeout`` ends it ``timed_out``."""
+    if outcome == "failed" and error == "TaskTimeout":
+        outcome = "timed_out"
+    out = list(attempts)
+    for i in range(len(out) - 1, -1, -1):
+        a = out[i]
+        if a.attempt == attempt and a.ended is None:
+            out[i] = Attempt(a.attempt, a.worker, a.started, now, outcome, error)
+            break
+    return tuple(out)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerInfo:
+    """A live worker as the store lists it: what it registered, and when its entry lapses.
+
+    Attributes:
+        id: the worker's id (unique: ``host:pid:<random>``).
+        info_json: what it registered (JSON object: ``host``, ``pid``, ``queues``,
+            ``concurrency``, ``started``, ``tasks``), kept as the bytes it sent.
+        beat_at: its last registration (heartbeat), on the store's clock.
+        expires_at: when its entry lapses unless it registers again, on the store's clock.
+    """
+
+    id: str
+    info_json: bytes
+    beat_at: float
+    expires_at: float
+
+    @property
+    def info(self) -> dict[str, Any]:
+        """What the worker registered, decoded (``{}`` if it was not a JSON object)."""
+        return _context(self.info_json)
+
+    @property
+    def host(self) -> str:
+        """The worker's host name."""
+        return str(self.info.get("host", ""))
+
+    @property
+    def pid(self) -> int:
+        """The worker's process id (0 if unknown)."""
+        pid = self.info.get("pid")
+        return pid if isinstance(pid, int) else 0
+
+    @property
+    def queues(self) -> list[str]:
+        """The queues it serves."""
+        queues = self.info.get("queues")
+        return [q for q in queues if isinstance(q, str)] if isinstance(queues, list) else []
+
+    @property
+    def concurrency(self) -> int:
+        """How many tasks it runs at once."""
+        value = self.info.get("concurrency")
+        return value if isinstance(value, int) else 0
+
+    @property
+    def started(self) -> float | None:
+        """When it started (its own clock, seconds since the epoch)."""
+        return _num(self.info.get("started"))
+
+    @property
+    def tasks(self) -> list[str]:
+        """The ids of the tasks in its hands at its last registration."""
+        tasks = self.info.get("tasks")
+        return [t for t in tasks if isinstance(t, str)] if isinstance(tasks, list) else []
 
 
 def task_from_row(row: Sequence[Any]) -> Task:
     """A :class:`Task` from a SQL row of its columns in the order the backends select them:
     id, queue, state, priority, payload, attempt, reclaims, failures, max_reclaims, created_at,
     run_at, dedup_key, leased_at, expires_at, finished_at, progress, checkpoint, result, error,
-    and optionally partition and context."""
+    and optionally partition, context, cancel reason and the attempts (a JSON array, see
+    :func:`attempts_from_json`)."""
     return Task(
         id=row[0],
         queue=row[1],
@@ -401,6 +699,8 @@ def task_from_row(row: Sequence[Any]) -> Task:
         error_json=row[18],
         partition=row[19] if len(row) > 19 else None,
         context_json=None if len(row) <= 20 or row[20] is None else bytes(row[20]),
+        cancel_reason=row[21] if len(row) > 21 else None,
+        attempts=attempts_from_json(row[22]) if len(row) > 22 else (),
     )
 
 

@@ -64,6 +64,7 @@ REDIS_CLIENT = (
     "hexists",  # after a purge: which freed ids were enqueued again meanwhile
     "sadd",  # <prefix>:queues
     "smembers",
+    "srem",  # <prefix>:queues, when a queue is deleted
     "hgetall",  # a versioned record, read
 )
 """Commands the client sends itself (besides AUTH, which needs no right)."""
@@ -80,13 +81,16 @@ REDIS_SCRIPTS = (
     "hincrby",
     "hlen",
     "hmget",
+    "hrandfield",  # delete_queue: a batch of a queue's tasks
     "hscan",  # purge.lua: the one-off index of a queue's done tasks of key layout 1
     "hset",
     "incrby",
     "pexpireat",
     "time",
+    "unlink",  # delete_queue: the keys of a queue once its last task is deleted
     "zadd",
     "zcard",
+    "zcount",  # delete_queue: the live leases that refuse it
     "zincrby",
     "zmscore",
     "zpopmin",
@@ -105,7 +109,7 @@ REDIS_CLUSTER = ("cluster|slots", "command")
 
 WORKER_TABLES: dict[str, tuple[str, ...]] = {
     "agentlease_migrations": ("SELECT",),  # the schema's version, checked on connect
-    "agentlease_queues": ("SELECT", "INSERT", "UPDATE"),
+    "agentlease_queues": ("SELECT", "INSERT", "UPDATE", "DELETE"),  # DELETE: delete_queue
     "agentlease_tasks": ("SELECT", "INSERT", "UPDATE", "DELETE"),  # DELETE: retention
     "agentlease_keys": ("SELECT", "INSERT", "UPDATE", "DELETE"),
     "agentlease_records": ("SELECT", "INSERT", "UPDATE"),
@@ -115,6 +119,10 @@ WORKER_TABLES: dict[str, tuple[str, ...]] = {
     "agentlease_locks": ("SELECT", "INSERT", "UPDATE"),
     "agentlease_budgets": ("SELECT", "INSERT", "UPDATE", "DELETE"),  # DELETE: purge_state
     "agentlease_breakers": ("SELECT", "INSERT", "UPDATE", "DELETE"),
+    # Attempt histories, written by the triggers of migration 11 inside the worker's own
+    # statements (old attempts deleted past the last 20), and the live workers' entries.
+    "agentlease_attempts": ("SELECT", "INSERT", "UPDATE", "DELETE"),
+    "agentlease_workers": ("SELECT", "INSERT", "UPDATE", "DELETE"),
 }
 """The worker role's privileges on each table of the schema (UPDATE covers row locks too)."""
 
@@ -127,8 +135,10 @@ WORKER_FUNCTIONS = (
     "agentlease_breaker_admit",
     "agentlease_breaker_record",
     "agentlease_breaker_wait",
-    "agentlease_claim_context",
+    "agentlease_cancel",
+    "agentlease_claim_holder",
     "agentlease_complete_many",
+    "agentlease_delete_queue",
     "agentlease_end_hold",
     "agentlease_enqueue_context",
     "agentlease_extend",
@@ -150,8 +160,9 @@ WORKER_FUNCTIONS = (
 """The functions the worker role executes (directly, or from one another). Not granted:
 ``agentlease_claim`` (kept by migration 6 for clients of schema version 5),
 ``agentlease_claim_ranked`` and ``agentlease_enqueue`` (kept by migration 8 for clients of schema
-version 7) and the trigger function ``agentlease_partition_freed`` (a trigger needs no EXECUTE of
-whoever fires it)."""
+version 7), ``agentlease_claim_context`` (kept by migration 11 for clients before it) and the
+trigger functions ``agentlease_partition_freed``, ``agentlease_attempt_open`` and
+``agentlease_attempt_close`` (a trigger needs no EXECUTE of whoever fires it)."""
 
 _CREDENTIALS = ("user", "password", "sslpassword")
 DEFAULT_ROLE = "agentlease_worker"

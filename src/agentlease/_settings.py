@@ -43,8 +43,8 @@ class QueueSettings:
             workers purge it, freeing its id and its dedup key: a task's dedup window is its
             retention. At least :data:`MIN_RETENTION` and ``lease_for``, else
             :class:`~agentlease.errors.RetentionTooShort`.
-        dead_retention: the same for dead letters (default 30 days: time to look at them and
-            requeue them).
+        dead_retention: the same for dead letters and cancelled tasks (default 30 days: time to
+            look at them and requeue the dead ones).
     """
 
     lease_for: float = 30.0

@@ -65,6 +65,27 @@ def task_id(value: object) -> str:
     return value
 
 
+MAX_REASON = 1000
+"""The longest cancel reason accepted, in characters."""
+
+
+def reason(value: object) -> str:
+    """Return ``value`` if it is a cancel reason: a str of 1 to :data:`MAX_REASON` characters
+    with no control characters (it is shown in one line) and no lone surrogates (it is stored
+    as UTF-8), else raise :class:`InvalidInput`."""
+    if not isinstance(value, str):
+        raise InvalidInput(f"reason must be a str, not {type(value).__name__}")
+    if not value.strip() or len(value) > MAX_REASON:
+        raise InvalidInput(f"reason must be 1 to {MAX_REASON} characters, not {len(value)}")
+    if any(ord(c) < 32 or ord(c) == 127 for c in value):
+        raise InvalidInput("reason must not hold control characters (newlines included)")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidInput("reason must be valid Unicode (no lone surrogates)") from None
+    return value
+
+
 def duration(value: object, what: str) -> float:
     """Return ``value`` as seconds if it is a positive finite number."""
     seconds = _seconds(value, what)
@@ -115,6 +136,13 @@ def integer(value: object, what: str, *, low: int, high: int) -> int:
         raise InvalidInput(f"{what} must be an int, not {type(value).__name__}")
     if not low <= value <= high:
         raise InvalidInput(f"{what} must be between {low} and {high}, not {value}")
+    return value
+
+
+def worker_id(value: object) -> str:
+    """A worker's id (a lease's holder): a str of 1 to 200 printable characters."""
+    if not isinstance(value, str) or not 0 < len(value) <= 200 or not value.isprintable():
+        raise InvalidInput("a worker id must be a str of 1 to 200 printable characters")
     return value
 
 

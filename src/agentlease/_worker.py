@@ -43,6 +43,14 @@ sync one sees ``ctx.cancelled`` / ``ctx.check()``; the attempt fails with
 error. A sync handler that ignores its cancel token keeps its lease (the heartbeat goes on) until
 it returns, so a retry never runs beside it; what it returns then is not accepted.
 
+Cancellation. A task cancelled while its handler runs (:meth:`~agentlease.Queue.cancel`) is
+refused its next extension: the heartbeat reads the task, finds it cancelled and loses the lease
+with the cancel's reason, so an async handler is cancelled and a sync one sees ``ctx.cancelled``
+(``ctx.check()`` raises :class:`~agentlease.errors.TaskCancelled`). Nothing is written for it.
+If the handler meets the cancellation first (a progress write or its final write refused with
+``TaskCancelled``), the worker extends the lease once more, which ends the task ``cancelled``
+at once instead of when its lease runs out.
+
 Shutdown (``stop()``, SIGTERM or SIGINT) stops claiming, lets running handlers finish within the
 grace period, then cancels what is left. Tasks claimed ahead that never started go back to
 the front at once. A lease goes back to the front of its queue only when no
@@ -55,6 +63,17 @@ Retention. Unless ``purge_every`` is ``None``, the worker purges on a timer, bes
 loop (:mod:`agentlease._janitor`): done and dead tasks of its queue past the queue's retention,
 idempotency keys past their window, expired lock leases, budgets and breakers; each step bounded
 and atomic. A failed round is logged and tried again at the next; it never stops the worker.
+
+Telemetry. While an exporter is installed (``agentlease.otel.instrument()``, see
+:mod:`agentlease._telemetry`), the worker reports each claim (with the task's due time, for the
+queue latency) and each handler run (its span current in the handler's context, ended with the
+handler's error if it raised), and reads its queue's stats once per ``stats_interval`` in a task
+of its own for the depth gauge. Without one, none of this runs.
+
+Live workers: a worker registers in the store when it starts (its id ``host:pid:random``, its
+queue, concurrency and the tasks in its hands; see :mod:`agentlease._registry`), again at every
+heartbeat interval, and removes its entry once a shutdown has drained; its claims name it as
+the holder of each lease and of each attempt the store records.
 
 Store errors: an unreachable store (:class:`~agentlease.errors.BackendUnavailable`), or any other
 failure of a claim, is logged (rate-limited, with the URL without its password) while the worker
@@ -75,12 +94,13 @@ import inspect
 import random
 import signal
 import threading
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeAlias, cast
 
-from agentlease import _clock
+from agentlease import _clock, _telemetry
 from agentlease import _validate as check
 from agentlease._async.queue import AsyncQueue
 from agentlease._codec import JSON
@@ -92,6 +112,7 @@ from agentlease._heartbeat import Heartbeat, Held
 from agentlease._janitor import Janitor
 from agentlease._outage import Outage
 from agentlease._records import Job, Lease
+from agentlease._registry import Registration, new_worker_id
 from agentlease._scope import enter_task
 from agentlease._settings import WorkerSettings, heartbeat_interval
 from agentlease._sync.queue import Queue
@@ -106,6 +127,7 @@ from agentlease.errors import (
     DeadlineExceeded,
     LeaseLost,
     PayloadError,
+    TaskCancelled,
     TaskTimeout,
 )
 
@@ -176,6 +198,13 @@ class AsyncWorker:
         self._collecting = False  # a collection of returned sync handlers is scheduled
         self._events: EventDispatcher | None = None
         self._signals = 0
+        self._id = new_worker_id()
+
+    @property
+    def id(self) -> str:
+        """This worker's id (``host:pid:random``): its entry among the store's live workers and
+        the holder its claims record."""
+        return self._id
 
     def stop(self, *, force: bool = False) -> None:
         """Stop claiming and shut down gracefully; ``force`` skips the rest of the grace period.
@@ -214,6 +243,7 @@ class AsyncWorker:
         opened: list[Queue | Backend] = []
         heartbeat: Heartbeat | None = None
         threads = HandlerThreads(self.settings.concurrency)
+        watching: asyncio.Task[None] | None = None
         try:
             installed = self._install_signals() if handle_signals else []
             # A heartbeat call that hangs must fail before the lease runs out, to be tried again.
@@ -235,7 +265,21 @@ class AsyncWorker:
             heartbeat.start()
             self._heartbeat = heartbeat
             janitor = self._janitor()
+            telemetry = _telemetry.current()
+            if telemetry is not None:
+                watching = asyncio.create_task(self._watch_stats(telemetry))
+            registration = Registration(
+                self.queue,
+                self.id,
+                queues=[self.name],
+                concurrency=self.settings.concurrency,
+                every=self._interval,
+                ttl=max(self.queue.settings.lease_for, 3 * self._interval),
+                call_timeout=self._call_timeout,
+                tasks=lambda: [task_id for task_id, _ in self._running],
+            )
             try:
+                await registration.start()
                 await self._warn_if_unknown()
                 await self._claim_loop(heartbeat, threads, handler_queue, burst)
             except AgentLeaseError as exc:
@@ -253,7 +297,14 @@ class AsyncWorker:
                 if janitor is not None:
                     janitor.cancel()
                     await asyncio.gather(janitor, return_exceptions=True)
-                await self._drain(heartbeat)
+                if watching is not None:
+                    watching.cancel()
+                    # Whatever ended it, the depth gauge is never a reason for the run to fail.
+                    await asyncio.gather(watching, return_exceptions=True)
+                try:
+                    await self._drain(heartbeat)
+                finally:
+                    await registration.stop()
         finally:
             # A heartbeat thread still inside a store call keeps its backend (it is a daemon).
             ended = heartbeat is None or heartbeat.stop()
@@ -275,6 +326,19 @@ class AsyncWorker:
             self.queue, self.name, every, self.settings.purge_batch, random.Random(seed)
         )
         return asyncio.create_task(janitor.run())
+
+    async def _watch_stats(self, telemetry: _telemetry.Telemetry) -> None:
+        """Read the queue's stats every ``stats_interval`` seconds for the depth gauge (one read
+        per interval, whatever the number of scrapes; a read that fails is skipped)."""
+        while True:
+            try:
+                async with asyncio.timeout(self._call_timeout):
+                    stats = await self.queue.stats(self.name)
+            except (AgentLeaseError, TimeoutError):
+                pass  # an unknown queue has no depth yet; an unreachable store, the claims report
+            else:
+                telemetry.stats(self.queue.backend.url, stats)
+            await asyncio.sleep(telemetry.stats_interval)
 
     def _install_signals(self) -> list[signal.Signals]:
         if threading.current_thread() is not threading.main_thread():
@@ -334,6 +398,7 @@ class AsyncWorker:
                     await self._sleep(None)
                 continue
             sent_at = _clock.monotonic()
+            sent_ns = time.time_ns()
             try:
                 # Completions reach the store before the next claim (in the same call).
                 jobs = await self._flush_and_claim(want)
@@ -355,12 +420,16 @@ class AsyncWorker:
                 continue
             idle = 0.0
             claimed_at = _clock.monotonic()
+            telemetry = _telemetry.current()
             for job in jobs:
                 entry = _Running(job)
                 entry.offset = job.lease.leased_at - claimed_at
                 if job.deadline is not None:
                     entry.at = job.deadline - entry.offset
                 entry.held = heartbeat.add(job.lease, functools.partial(self._lost, entry), sent_at)
+                if telemetry is not None:
+                    telemetry.claimed(job, sent_ns)
+                due = {} if job.run_at is None else {"run_at": job.run_at}
                 self._emit(
                     "claimed",
                     job.lease,
@@ -368,6 +437,7 @@ class AsyncWorker:
                     failures=job.failures,
                     leased_at=job.lease.leased_at,
                     expires_at=job.lease.expires_at,
+                    **due,
                 )
                 self._running[entry.key] = entry
                 if job.deadline is not None and job.deadline <= job.lease.leased_at:
@@ -416,6 +486,9 @@ class AsyncWorker:
         thread, whose return the loop collects (see :meth:`_collect`)."""
         job, held = entry.job, entry.held
         assert held is not None
+        telemetry = _telemetry.current()
+        if telemetry is not None:
+            entry.run = telemetry.run(job)
         if self._async_handler is not None:
             entry.task = asyncio.create_task(
                 self._run_async(entry, self._async_handler),
@@ -429,6 +502,8 @@ class AsyncWorker:
         context = contextvars.copy_context()
         context.run(enter_task, job.task_id, job.lease.attempt)
         context.run(enter_work, job.root_id, entry.offset, entry.at)
+        if entry.run is not None:
+            context.run(entry.run.enter)  # the run's span is current in the handler
         ctx = JobContext(
             job,
             held,
@@ -473,7 +548,7 @@ class AsyncWorker:
                 continue  # given up at shutdown while its thread still ran
             future = entry.future
             assert future is not None
-            self._ran(entry)
+            self._ran(entry, asyncio.CancelledError() if future.cancelled() else future.error)
             if future.cancelled():  # it never started (shutdown)
                 entry.task = asyncio.create_task(
                     self._conclude(entry, None, asyncio.CancelledError())
@@ -592,7 +667,7 @@ class AsyncWorker:
         or a forced stop, right after it was started), its handler never ran."""
         if entry.began:
             return
-        self._ran(entry)
+        self._ran(entry, asyncio.CancelledError())
         if entry.held is not None and entry.held.lost.is_set():
             self._finish(entry)
         else:  # it goes back to the front of the queue
@@ -608,6 +683,8 @@ class AsyncWorker:
         # job's).
         enter_task(job.task_id, job.lease.attempt)
         enter_work(job.root_id, entry.offset, entry.at)
+        if entry.run is not None:
+            entry.run.enter()  # the run's span is current in the handler
         ctx = AsyncJobContext(
             job,
             held,
@@ -624,7 +701,7 @@ class AsyncWorker:
         except (asyncio.CancelledError, Exception) as exc:
             error = exc
         finally:
-            self._ran(entry)
+            self._ran(entry, error)
         if error is None and self._completed(entry, result):
             return
         await self._conclude(entry, result, error)
@@ -659,6 +736,9 @@ class AsyncWorker:
             if isinstance(error, asyncio.CancelledError | Cancelled):
                 if not held.lost.is_set():  # else the lease is gone: nothing may be written
                     await self._give_back(job)  # shutdown past grace: it runs again first
+                return
+            if isinstance(error, TaskCancelled):
+                await self._writes.end_cancelled(held)  # the task ends cancelled now
                 return
             if isinstance(error, LeaseLost):
                 return  # a fenced write inside the handler was refused: the lease is gone
@@ -737,8 +817,11 @@ class AsyncWorker:
             return None, "deadline"
         return retry_in, None
 
-    def _ran(self, entry: _Running) -> None:
-        """A handler returned or raised: its slot is free for the next claimed task."""
+    def _ran(self, entry: _Running, error: BaseException | None) -> None:
+        """A handler returned or raised ``error``: its slot is free for the next claimed task."""
+        run, entry.run = entry.run, None
+        if run is not None:
+            run.end(error)
         self._active -= 1
         took = _clock.monotonic() - entry.started
         self._mean_run += (took - self._mean_run) * 0.2
@@ -807,11 +890,11 @@ class AsyncWorker:
         with :meth:`_flush`'s retries, and the claim error is raised."""
         sending = self._take_done()
         if not sending:
-            return await self.queue.claim(self.name, want)
+            return await self.queue.claim(self.name, want, holder=self.id)
         try:
             async with asyncio.timeout(self._call_timeout):
                 outcomes, jobs = await self.queue.complete_encoded_and_claim(
-                    self._items(sending), self.name, want
+                    self._items(sending), self.name, want, holder=self.id
                 )
         except BackendRefused:
             self._done[:0] = sending  # the drain tries them once more
@@ -850,6 +933,7 @@ class _Running:
     at: float | None = None  # the task's deadline on the monotonic clock
     limit: float | None = None  # the attempt's time limit in seconds
     limit_at: float | None = None  # when it ends on the monotonic clock
+    run: _telemetry.Run | None = None  # the handler's run as the telemetry exporter sees it
 
     @property
     def key(self) -> LeaseKey:
@@ -934,6 +1018,12 @@ class Worker:
             handler,
             settings=settings,
         )
+
+    @property
+    def id(self) -> str:
+        """This worker's id (``host:pid:random``), as ``agentlease workers`` lists it and as
+        the holder of its leases and attempts."""
+        return self._engine.id
 
     @property
     def processed(self) -> int:

@@ -8,6 +8,7 @@ Every refusal is one of these classes, so callers can catch exactly what they me
     │   ├── InvalidDuration                     zero, negative or non-finite duration
     │   │   └── RetentionTooShort               a retention below the floor (60 s, the lease)
     │   ├── InvalidURL                          malformed or unsupported backend URL
+    │   ├── InvalidSchedule                     bad cron expression, misfire policy or time zone
     │   ├── MissingIdentity                     an idempotent action without a task or step id
     │   └── PayloadError                        payload, result or checkpoint refused
     │       ├── NotJSON                         not JSON-serialisable (never pickled)
@@ -16,6 +17,8 @@ Every refusal is one of these classes, so callers can catch exactly what they me
     │   ├── UnknownTask                         no task with that id
     │   └── UnknownQueue                        nothing was ever enqueued to that queue
     ├── LeaseLost                               a holder write with a stale or expired lease
+    │   └── TaskCancelled                       the task was cancelled (reason attached)
+    ├── QueueInUse                              delete-queue refused: tasks are leased (force)
     ├── IdempotencyError                        an idempotent action was refused
     │   ├── DuplicateInFlight                   another attempt holds the key now (retry_after)
     │   ├── IdempotencyConflict                 the key was used with other arguments
@@ -82,6 +85,7 @@ __all__ = [
     "InvalidDuration",
     "InvalidInput",
     "InvalidName",
+    "InvalidSchedule",
     "InvalidURL",
     "LeaseLost",
     "LimitReached",
@@ -97,6 +101,7 @@ __all__ = [
     "PayloadTooLarge",
     "PermissionDenied",
     "PlanDiverged",
+    "QueueInUse",
     "ReconciliationConflict",
     "ReplayedFailure",
     "ReservationLost",
@@ -105,6 +110,7 @@ __all__ = [
     "SchemaNotMigrated",
     "SchemaTooNew",
     "TLSRefused",
+    "TaskCancelled",
     "TaskTimeout",
     "ToolUnavailable",
     "TransitionRefused",
@@ -153,6 +159,10 @@ class RetentionTooShort(InvalidDuration):
 
 class InvalidURL(InvalidInput):
     """A backend URL is malformed or names an unsupported scheme."""
+
+
+class InvalidSchedule(InvalidInput):
+    """A schedule was refused: bad cron expression, misfire policy, time zone or window."""
 
 
 class MissingIdentity(InvalidInput):
@@ -222,6 +232,42 @@ class LeaseLost(AgentLeaseError):
         self.current_attempt = current_attempt
         self.state = state
         self.reason = reason
+
+
+class TaskCancelled(LeaseLost):
+    """The task was cancelled (:meth:`~agentlease.Queue.cancel`): the write of the attempt that
+    held it is refused and changes nothing; ``reason`` is the reason given to the cancel.
+
+    A :class:`LeaseLost`, so code that stops on a lost lease stops on a cancellation too.
+    """
+
+    def __init__(
+        self,
+        task_id: str,
+        reason: str,
+        *,
+        attempt: int | None = None,
+        current_attempt: int | None = None,
+    ) -> None:
+        AgentLeaseError.__init__(self, f"task {task_id!r} was cancelled: {reason}")
+        self.task_id = task_id
+        self.attempt = attempt if attempt is not None else 0
+        self.current_attempt = current_attempt
+        self.state = "cancelled"
+        self.reason = reason
+
+
+class QueueInUse(AgentLeaseError):
+    """A queue was not deleted because some of its tasks are leased now (``leased`` of them);
+    nothing was deleted by the step that found them. Stop its workers, or delete with
+    ``force=True`` (the holders' later writes are then refused)."""
+
+    def __init__(self, queue: str, leased: int) -> None:
+        super().__init__(
+            f"queue {queue!r} has {leased} leased task(s): stop its workers or delete with force"
+        )
+        self.queue = queue
+        self.leased = leased
 
 
 class IdempotencyError(AgentLeaseError):

@@ -211,3 +211,44 @@ def test_purge_state_deletes_expired_budgets_and_breakers(store: Store) -> None:
     assert backend.purge_state(100) == 0
     assert backend.retry_budget("long", 0, True, 0.1, 1, 600).calls == 1  # the live one stays
     assert backend.retry_budget("short", 0, True, 0.1, 1, 600).calls == 0  # the expired one went
+
+
+def test_cancelled_tasks_are_purged_however_they_were_cancelled(store: Store) -> None:
+    """Cancelled tasks (waiting, parked, a leased one told at its heartbeat, one whose holder
+    vanished) are purged like dead letters: each frees its id and dedup key, their attempts go
+    with them, and stats stop counting them."""
+    q = store.queue()
+    q.enqueue(Q, {}, id="waiting", dedup_key="w")
+    q.enqueue(Q, {}, id="busy", partition="p")
+    q.enqueue(Q, {}, id="parked", partition="p")  # behind busy
+    assert q.cancel("waiting", "no").outcome == "cancelled"
+    assert q.cancel("parked", "no").outcome == "cancelled"
+    (held,) = q.claim(Q, lease_for=LIVE, holder="w1")  # busy
+    assert q.cancel("busy", "stop").outcome == "requested"
+    assert q.extend([held.lease]) == [None]
+    q.enqueue(Q, {}, id="gone")
+    (_lost,) = q.claim(Q, lease_for=GAP, holder="w2")
+    assert q.cancel("gone", "stop").outcome == "requested"
+    time.sleep(GAP + 0.2)
+    q.reap(Q)
+    assert q.stats(Q).counts.get("cancelled") == 4
+    kill(q, 1)
+    assert q.purge(Q, state="cancelled", older_than=0, limit=3) == 3
+    assert q.purge(Q, state="cancelled", older_than=0) == 1
+    assert q.purge(Q, state="cancelled", older_than=0) == 0
+    assert not q.stats(Q).counts.get("cancelled")
+    assert q.stats(Q).counts.get("dead") == 1  # another state: untouched
+    for task_id in ("waiting", "busy", "parked", "gone"):
+        with pytest.raises(UnknownTask):
+            q.get(task_id)
+    again = q.enqueue(Q, {}, id="busy", dedup_key="w")  # id and dedup key are free
+    assert again.created
+    assert q.get("busy").attempts == ()  # no history carried over
+
+
+def test_cancelled_tasks_wait_for_the_dead_letters_retention(store: Store) -> None:
+    q = store.queue()
+    q.enqueue(Q, {}, id="c")
+    q.cancel("c", "no")
+    assert q.purge(Q, state="cancelled") == 0  # 30 days by default
+    assert q.purge(Q, state="cancelled", older_than=0) == 1

@@ -119,3 +119,18 @@ async def test_async_listing(store: Store) -> None:
         assert ([t.id for t in page], cursor) == (["a2"], None)
     finally:
         await q.close()
+
+
+def test_cancelled_tasks_are_listed_newest_first(store: Store) -> None:
+    q = store.queue()
+    for i in range(3):
+        q.enqueue(Q, {"i": i}, id=f"c{i}")
+        q.cancel(f"c{i}", "no")
+        time.sleep(0.01)
+    page, cursor = q.tasks(Q, state="cancelled", limit=2)
+    assert [t.id for t in page] == ["c2", "c1"]
+    assert all(t.state == "cancelled" for t in page)
+    assert cursor is not None
+    rest, end = q.tasks(Q, state="cancelled", limit=2, cursor=cursor)
+    assert [t.id for t in rest] == ["c0"]
+    assert end is None

@@ -76,6 +76,7 @@ def test_enqueue_then_stats_counts_every_state(run, sqlite_url: str, tmp_path: P
         "failed": 0,
         "done": 1,
         "dead": 0,
+        "cancelled": 0,
     }
     assert jobs["depth"] == 5
     assert jobs["oldest_queued_age"] >= 0
@@ -500,8 +501,9 @@ def test_stats_show_hot_partitions(run) -> None:
 
 def test_the_worker_command_imports_no_other_command_no_rich_and_no_driver(tmp_path: Path) -> None:
     """Start-up: ``agentlease worker`` on SQLite loads its own module only (no bench, demo or
-    admin tables, no rich, no Redis or PostgreSQL driver), and of the library only what a worker
-    uses (no idempotency, shared state, counter holds or memory store)."""
+    admin tables, no rich, no Redis or PostgreSQL driver, no dashboard, no scheduler, no
+    OpenTelemetry without ``--otel``), and of the library only what a worker uses (no
+    idempotency, shared state, counter holds or memory store)."""
     code = textwrap.dedent(
         f"""
         import sys
@@ -517,8 +519,12 @@ def test_the_worker_command_imports_no_other_command_no_rich_and_no_driver(tmp_p
                     "agentlease._idempotent", "agentlease._outcomes", "agentlease._renewal",
                     "agentlease._async.state", "agentlease._sync.state", "agentlease._guards",
                     "agentlease._versioned_sql", "agentlease._policy.transitions",
-                    "agentlease._async.holds", "agentlease._sync.holds",
-                    "agentlease.backends.memory", "agentlease.backends._memory")
+                    "agentlease._async.holds", "agentlease._sync.holds", "cronsim",
+                    "agentlease._schedule", "agentlease._async.scheduler",
+                    "agentlease._sync.scheduler", "agentlease._wakeup",
+                    "agentlease.backends.memory", "agentlease.backends._memory",
+                    "agentlease.dashboard", "starlette", "uvicorn", "jinja2",
+                    "opentelemetry", "agentlease.otel")
         print(",".join(sorted(m for m in sys.modules if m.startswith(prefixes))))
         """
     )

@@ -205,12 +205,24 @@ def test_a_child_enqueued_after_the_deadline_never_runs(store: Store) -> None:
     _dead_for_deadline(task)
 
 
+WITHOUT_VERSION_10 = (
+    "DROP TRIGGER agentlease_attempt_open",
+    "DROP TRIGGER agentlease_attempt_close",
+    "DROP TRIGGER agentlease_attempt_forget",
+    "DROP TABLE agentlease_attempts",
+    "DROP TABLE agentlease_workers",
+    "ALTER TABLE agentlease_tasks DROP COLUMN holder",
+)
+
+
 def test_a_sqlite_database_of_version_5_gains_task_contexts(tmp_path: Path) -> None:
     path = tmp_path / "old.db"
     q = al.Queue.connect(f"sqlite:///{path}")
     q.enqueue(Q, {}, id="old")
     q.close()
-    db = sqlite3.connect(path)  # back to version 5: no context column
+    db = sqlite3.connect(path)  # back to version 5: no context column (nor what 10 added)
+    for statement in WITHOUT_VERSION_10:
+        db.execute(statement)
     db.execute("ALTER TABLE agentlease_tasks DROP COLUMN context")
     db.execute("PRAGMA user_version = 5")
     db.commit()

@@ -29,8 +29,9 @@ def _queue(url: str) -> None:
         queue.enqueue(name, {"n": 3}, partition="account:1")
         queue.enqueue(name, {"n": 4}, partition="account:1")  # parked behind n=3
         queue.enqueue_many(name, [{"n": 5}, {"n": 6}, {"n": 7}])
-        jobs = queue.claim(name, n=5)
+        jobs = queue.claim(name, n=5, holder="rights:1:abc")
         assert jobs, "nothing claimed"
+        assert {info.holder for info in queue.inspect(name)} == {"rights:1:abc"}
         queue.extend([job.lease for job in jobs])
         queue.progress(jobs[0].lease, {"step": 1}, checkpoint={"at": 1})
         queue.complete(jobs[0].lease, {"ok": True})
@@ -40,7 +41,7 @@ def _queue(url: str) -> None:
         assert queue.requeue_dead(name) == 1
         (job,) = queue.claim(name, n=1)
         queue.fail(job.lease, "again", retry_in=0)  # retried
-        queue.get(job.task_id)
+        assert [a.outcome for a in queue.get(job.task_id).attempts][-1] == "failed"
         queue.stats(name)
         queue.inspect(name)
         queue.dead(name)
@@ -64,6 +65,55 @@ def _queue(url: str) -> None:
             _, cursor = queue.tasks(name, state=state, limit=1)  # type: ignore[arg-type]
             if cursor is not None:
                 queue.tasks(name, state=state, limit=1, cursor=cursor)  # type: ignore[arg-type]
+        # A scheduler's pass: the store's clock, then an enqueue with an id and a dedup key.
+        hourly = al.Schedule("rights", name, every=3600, grace=3600)
+        (tick,) = al.Scheduler(queue, [hourly]).run_once()
+        assert tick.created
+        _workers(queue)
+        _cancel(queue, name)
+
+
+def _workers(queue: al.Queue) -> None:
+    """The live-worker registry: register (collecting a lapsed entry), list, unregister."""
+    gone, me = f"gone:{uuid.uuid4().hex}", f"rights:{uuid.uuid4().hex}"
+    queue.register_worker(gone, {"pid": 1}, ttl=0.05)
+    time.sleep(0.1)
+    queue.register_worker(me, {"pid": 2, "queues": [QUEUE]}, ttl=30)
+    assert me in [w.id for w in queue.workers()]
+    assert queue.unregister_worker(me)
+
+
+def _cancel(queue: al.Queue, name: str) -> None:
+    """Cancel a waiting task and a leased one (told at its extend, refused at its write), then
+    delete the queue: refused while a lease lives, then in batches, then forced."""
+    gone = f"{name}-cancel"
+    queue.enqueue_many(gone, [{"n": i} for i in range(5)])
+    waiting = queue.enqueue(gone, {"n": 5}, delay=60).task_id
+    assert queue.cancel(waiting, "not needed").outcome == "cancelled"
+    (job,) = queue.claim(gone, n=1)
+    assert queue.cancel(job.task_id, "stop").outcome == "requested"
+    try:
+        queue.progress(job.lease, {"step": 1})
+    except al.TaskCancelled:
+        pass
+    else:
+        raise AssertionError("a cancelled lease's write was accepted")
+    assert queue.extend([job.lease]) == [None]
+    assert queue.get(job.task_id).state == "cancelled"
+    assert queue.cancel(job.task_id, "again").outcome == "finished"
+    (held,) = queue.claim(gone, n=1)
+    try:
+        queue.delete_queue(gone)
+    except al.QueueInUse:
+        pass
+    else:
+        raise AssertionError("a queue with a live lease was deleted")
+    queue.complete(held.lease, None)
+    assert queue.delete_queue(gone, batch=2) == 6
+    forced = f"{name}-forced"
+    queue.enqueue(forced, {})
+    queue.claim(forced, n=1)
+    assert queue.delete_queue(forced, force=True) == 1
 
 
 def _keys(url: str) -> None:
@@ -153,10 +203,17 @@ async def exercise_async(url: str) -> None:
         async def handler(ctx: al.AsyncJobContext) -> al.JSON:
             return {"n": ctx.payload}
 
-        await al.AsyncWorker(queue, "rights-async", handler).run(burst=True)
+        worker = al.AsyncWorker(queue, "rights-async", handler)
+        await worker.run(burst=True)
         assert (await queue.stats("rights-async")).counts == {"done": 1}
         assert await queue.purge("rights-async", older_than=0) == 1  # what its janitor sends
         await queue.backend.purge_state(100)
+        assert worker.id not in [w.id for w in await queue.workers()]  # removed at the stop
+        await queue.enqueue("rights-async", {"n": 2}, id=f"c-{uuid.uuid4().hex}")
+        (job,) = await queue.claim("rights-async")
+        assert (await queue.cancel(job.task_id, "async stop")).outcome == "requested"
+        assert await queue.extend([job.lease]) == [None]
+        assert await queue.delete_queue("rights-async") == 2
     async with al.AsyncIdempotency.connect(url) as keys:
         task = uuid.uuid4().hex
         act = await keys.begin("send", {"to": "ada"}, step="s", task_id=task)

@@ -243,7 +243,12 @@ def test_enqueue_many_is_all_or_nothing(fuzz: Fuzz) -> None:
 
 def test_claim_and_reads(fuzz: Fuzz) -> None:
     drawn = st.tuples(
-        st.sampled_from(["claim", "get", "stats", "inspect", "dead", "requeue_dead", "reap"]),
+        st.sampled_from(
+            [
+                *("claim", "get", "stats", "inspect", "dead", "requeue_dead", "reap"),
+                *("claim_as", "register_worker", "unregister_worker"),
+            ]
+        ),
         s.names(),
         s.int_args(0, 3),
         st.one_of(st.none(), s.durations),
@@ -260,11 +265,42 @@ def test_claim_and_reads(fuzz: Fuzz) -> None:
             "dead": lambda: q.dead(name, limit=n),
             "requeue_dead": lambda: q.requeue_dead(name, [name]),
             "reap": lambda: q.reap(name),
+            "claim_as": lambda: q.claim("fuzz", n, lease_for=seconds, holder=name),
+            "register_worker": lambda: q.register_worker(
+                name, {"n": n}, ttl=5.0 if seconds is None else seconds
+            ),
+            "unregister_worker": lambda: q.unregister_worker(name),
         }
         got = fuzz.refused_or_works(calls[what], name)
-        if what == "claim" and isinstance(got, list):
+        if what in ("claim", "claim_as") and isinstance(got, list):
             for job in got:
                 q.release(job.lease)
+
+    run(fuzz, drawn, body)
+
+
+def test_cancel_and_delete_queue(fuzz: Fuzz) -> None:
+    reasons = st.one_of(s.names(), s.nasty_text, st.just("x" * 1001), st.just("stop"))
+    drawn = st.tuples(
+        st.sampled_from(["cancel", "cancel_fresh", "delete_queue"]),
+        s.names(),
+        reasons,
+        s.int_args(0, 3),
+        st.one_of(st.booleans(), s.not_str),
+    )
+
+    def body(args: tuple[str, Any, Any, Any, Any]) -> None:
+        what, name, reason, n, force = args
+        if isinstance(name, str) and name in fuzz.watched:
+            return  # it works on them, and they are what every other call is checked against
+        q = fuzz.queue
+        if what == "cancel_fresh":  # a task that exists, so the reason reaches the store
+            name = fresh("c")
+            q.enqueue(fresh("cq"), {}, id=name)
+        if what != "delete_queue":
+            fuzz.refused_or_works(lambda: q.cancel(name, reason), name)
+        else:
+            fuzz.refused_or_works(lambda: q.delete_queue(name, force=force, batch=n), name)
 
     run(fuzz, drawn, body)
 

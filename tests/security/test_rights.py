@@ -444,8 +444,12 @@ def revoked(pg: PG) -> Iterator[Callable[[str], None]]:
     ("revoke", "named"),
     [
         (
-            f"REVOKE EXECUTE ON FUNCTION {SCHEMA}.agentlease_claim_context FROM {WORKER}",
-            f"EXECUTE on function {SCHEMA}.agentlease_claim_context",
+            f"REVOKE EXECUTE ON FUNCTION {SCHEMA}.agentlease_claim_holder FROM {WORKER}",
+            f"EXECUTE on function {SCHEMA}.agentlease_claim_holder",
+        ),
+        (  # the claim's trigger records the attempt, as the role that claims
+            f"REVOKE INSERT ON {SCHEMA}.agentlease_attempts FROM {WORKER}",
+            f"SELECT, INSERT, UPDATE, DELETE on table {SCHEMA}.agentlease_attempts",
         ),
         (
             f"REVOKE UPDATE ON {SCHEMA}.agentlease_tasks FROM {WORKER}",

@@ -69,6 +69,10 @@ PUBLIC = {
     "SchemaTooNew",
     "TLSRefused",
     "Cancelled",
+    "CancelOutcome",
+    "Cancellation",
+    "TaskCancelled",
+    "QueueInUse",
     "TaskTimeout",
     "AsyncFactBoard",
     "FactBoard",
@@ -105,6 +109,7 @@ PUBLIC = {
     "InvalidDuration",
     "InvalidInput",
     "InvalidName",
+    "InvalidSchedule",
     "InvalidURL",
     "Job",
     "JobContext",
@@ -130,10 +135,16 @@ PUBLIC = {
     "Worker",
     "WorkerError",
     "WorkerSettings",
+    "Attempt",
+    "WorkerInfo",
     "__version__",
     "connect",
     "connect_async",
     "full_jitter",
+    "AsyncScheduler",
+    "Schedule",
+    "Scheduler",
+    "Tick",
 }
 
 
@@ -155,6 +166,39 @@ def test_importing_the_package_loads_only_the_exception_tree() -> None:
         [sys.executable, "-c", code], check=True, capture_output=True, text=True, timeout=60
     )
     assert out.stdout.split() == ["agentlease,agentlease.errors", "True"]
+
+
+def test_importing_the_package_loads_no_optional_extra() -> None:
+    """Neither ``import agentlease`` nor its queue load a driver, the dashboard's stack, the cron
+    parser or OpenTelemetry."""
+    code = (
+        "import sys, agentlease\n"
+        "agentlease.Queue, agentlease.AsyncQueue, agentlease.connect\n"
+        "extras = ('redis', 'psycopg', 'starlette', 'uvicorn', 'jinja2', 'agentlease.dashboard',"
+        " 'cronsim', 'opentelemetry', 'agentlease.otel')\n"
+        "print(','.join(sorted(m for m in sys.modules if m.startswith(extras))))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], check=True, capture_output=True, text=True, timeout=60
+    )
+    assert out.stdout.strip() == ""
+
+
+def test_a_queue_and_a_worker_load_no_opentelemetry_unless_instrumented() -> None:
+    """Metrics and traces are an extra: enqueueing, claiming and running a worker without
+    ``agentlease.otel.instrument()`` imports no OpenTelemetry module."""
+    code = (
+        "import sys, agentlease as al\n"
+        "q = al.Queue.connect('memory://')\n"
+        "q.enqueue('q', 1)\n"
+        "al.Worker(q, 'q', lambda ctx: None).run(burst=True, handle_signals=False)\n"
+        "otel = ('opentelemetry', 'agentlease.otel')\n"
+        "print(sorted(m for m in sys.modules if m.startswith(otel)))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], check=True, capture_output=True, text=True, timeout=60
+    )
+    assert out.stdout.split() == ["[]"]
 
 
 def test_every_public_name_but_the_errors_is_imported_on_first_use() -> None:
@@ -184,6 +228,7 @@ def test_sync_and_async_faces_have_the_same_method_names() -> None:
     assert methods(agentlease.SharedState) == methods(agentlease.AsyncSharedState)
     assert methods(agentlease.LockSet) == methods(agentlease.AsyncLockSet)
     assert methods(agentlease.CounterHold) == methods(agentlease.AsyncCounterHold)
+    assert methods(agentlease.Scheduler) == methods(agentlease.AsyncScheduler)
 
 
 def test_every_error_descends_from_one_root() -> None:
@@ -196,5 +241,5 @@ def test_every_error_descends_from_one_root() -> None:
 
 
 def test_every_public_name_is_documented() -> None:
-    for name in PUBLIC - {"JSON", "TaskState", "KeyState", "__version__"}:
+    for name in PUBLIC - {"JSON", "TaskState", "KeyState", "CancelOutcome", "__version__"}:
         assert getattr(agentlease, name).__doc__, name

@@ -31,6 +31,11 @@ def test_readme_examples_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     assert lines[1] == "{'done': 1}"
     _task_id, attempt, current = lines[2].split()
     assert (attempt, current) == ("1", "1")
+    assert lines[3:7] == ["cancelled", "requested", "user pressed stop", "2"]
+    del lines[3:7]
+    # Periodic tasks: a second scheduler finds the tick's task there.
+    assert lines[3:5] == ["[True] [False]", "{'kind': 'usage'} True"]
+    del lines[3:5]
     assert lines[3] == "False True True 1"
     assert lines[4] == "approved -> review"
     assert lines[5] == "refused: at least one stays on call"

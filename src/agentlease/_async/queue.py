@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from types import TracebackType
 
-from agentlease import _clock, _cursor
+from agentlease import _clock, _cursor, _telemetry
 from agentlease import _validate as check
 from agentlease._codec import JSON, encode
 from agentlease._deadline import current_deadline, current_root
@@ -22,6 +22,7 @@ from agentlease._events import Event, Events
 from agentlease._records import (
     FINISHED,
     LISTED,
+    Cancellation,
     Enqueued,
     FinishedState,
     Job,
@@ -33,11 +34,19 @@ from agentlease._records import (
     Reaped,
     Task,
     TaskSpec,
+    WorkerInfo,
+    cancel_error,
     encode_context,
 )
 from agentlease._settings import QueueSettings
 from agentlease.backends import AsyncBackend, connect_async
-from agentlease.errors import InvalidInput, LeaseLost, ToolUnavailable, UnknownTask
+from agentlease.errors import (
+    InvalidInput,
+    LeaseLost,
+    ToolUnavailable,
+    UnknownQueue,
+    UnknownTask,
+)
 
 # The stored error keeps this much of a message and of the end of a traceback (characters).
 MAX_MESSAGE = 4000
@@ -113,14 +122,33 @@ class AsyncQueue:
             partition=None if spec.partition is None else check.partition(spec.partition),
         )
 
-    async def _with_context(self, tasks: list[NewTask], specs: Sequence[TaskSpec]) -> list[NewTask]:
+    async def _enqueue(
+        self, queue: str, tasks: list[NewTask], specs: Sequence[TaskSpec]
+    ) -> list[Enqueued]:
+        """Write the tasks with their context, in a span of their own when traced (the span's
+        trace context is stored in each task's context)."""
+        telemetry = _telemetry.current()
+        if telemetry is None:
+            return await self.backend.enqueue(await self._with_context(tasks, specs))
+        with telemetry.enqueuing(queue, tasks) as trace:
+            results = await self.backend.enqueue(await self._with_context(tasks, specs, trace))
+            telemetry.enqueued(queue, results)
+        return results
+
+    async def _with_context(
+        self,
+        tasks: list[NewTask],
+        specs: Sequence[TaskSpec],
+        trace: dict[str, str] | None = None,
+    ) -> list[NewTask]:
         """The tasks with the context they inherit from the code enqueueing them.
 
         The root: the root task of the handler running now (none outside a handler: each task
         is its own root). The deadline: the earliest of the deadline in force (monotonic) and
         each spec's own ``deadline`` (seconds from now), turned into an absolute time on the
         store's clock with the offset the worker measured at the claim, or else with one
-        :meth:`now` of the store for the whole call.
+        :meth:`now` of the store for the whole call. The trace: ``trace`` (the W3C trace
+        context of the enqueue's span), if given.
         """
         work = current_root()
         root = None if work is None else work.root
@@ -137,7 +165,7 @@ class AsyncQueue:
             timeouts.append(
                 None if spec.timeout is None else check.duration(spec.timeout, "timeout")
             )
-        if root is None and all(at is None for at in deadlines) and not any(timeouts):
+        if root is None and all(at is None for at in deadlines) and not any(timeouts) and not trace:
             return tasks
         offset = None if work is None else work.store_offset
         if offset is None and any(at is not None for at in deadlines):
@@ -146,7 +174,8 @@ class AsyncQueue:
         out: list[NewTask] = []
         for task, at, timeout in zip(tasks, deadlines, timeouts, strict=True):
             store_at = None if at is None or offset is None else at + offset
-            out.append(replace(task, context_json=encode_context(root, store_at, timeout)))
+            context = encode_context(root, store_at, timeout, trace)
+            out.append(replace(task, context_json=context))
         return out
 
     async def enqueue(
@@ -207,8 +236,8 @@ class AsyncQueue:
             deadline=deadline,
             timeout=timeout,
         )
-        task = self._new_task(check.queue_name(queue), spec)
-        (result,) = await self.backend.enqueue(await self._with_context([task], [spec]))
+        queue = check.queue_name(queue)
+        (result,) = await self._enqueue(queue, [self._new_task(queue, spec)], [spec])
         return result
 
     async def enqueue_many(self, queue: str, tasks: Iterable[TaskSpec | JSON]) -> list[Enqueued]:
@@ -225,18 +254,26 @@ class AsyncQueue:
         ]
         if not specs:
             return []
-        new = [self._new_task(queue, spec) for spec in specs]
-        return await self.backend.enqueue(await self._with_context(new, specs))
+        return await self._enqueue(queue, [self._new_task(queue, spec) for spec in specs], specs)
 
     # -- consuming ------------------------------------------------------------------------------
 
-    async def claim(self, queue: str, n: int = 1, *, lease_for: float | None = None) -> list[Job]:
+    async def claim(
+        self,
+        queue: str,
+        n: int = 1,
+        *,
+        lease_for: float | None = None,
+        holder: str | None = None,
+    ) -> list[Job]:
         """Lease up to ``n`` ready tasks in one atomic step (reaping expired leases on the way).
 
         Args:
             queue: the queue's name (an unknown queue has nothing to claim).
             n: the most tasks to lease.
             lease_for: seconds until the leases expire unless extended (default: settings).
+            holder: who claims (a worker's id): recorded with each lease (``inspect`` shows it)
+                and in each task's attempt history.
 
         Returns:
             The leased jobs, highest priority first; empty when nothing is ready.
@@ -244,6 +281,8 @@ class AsyncQueue:
         terms = self._terms
         if lease_for is not None:
             terms = self.settings.terms(check.duration(lease_for, "lease_for"))
+        if holder is not None:
+            terms = replace(terms, holder=check.worker_id(holder))
         jobs, reaped = await self.backend.claim(check.queue_name(queue), check.batch_size(n), terms)
         if reaped:
             self._emit_reaped(reaped)
@@ -311,14 +350,22 @@ class AsyncQueue:
         return outcomes
 
     async def complete_encoded_and_claim(
-        self, items: Sequence[tuple[Lease, bytes | None]], queue: str, n: int
+        self,
+        items: Sequence[tuple[Lease, bytes | None]],
+        queue: str,
+        n: int,
+        *,
+        holder: str | None = None,
     ) -> tuple[list[LeaseLost | UnknownTask | None], list[Job]]:
         """:meth:`complete_encoded`, then :meth:`claim` of up to ``n`` tasks of ``queue``, in
         as few round trips as the store allows (one transaction on SQLite and PostgreSQL)."""
         for lease, _ in items:
             check.lease(lease)
+        terms = self._terms
+        if holder is not None:
+            terms = replace(terms, holder=check.worker_id(holder))
         outcomes, jobs, reaped = await self.backend.complete_and_claim(
-            items, check.queue_name(queue), check.batch_size(n), self._terms
+            items, check.queue_name(queue), check.batch_size(n), terms
         )
         for (lease, _), outcome in zip(items, outcomes, strict=True):
             if isinstance(outcome, LeaseLost):
@@ -449,6 +496,32 @@ class AsyncQueue:
         """Live leases, soonest expiry first; raises UnknownQueue."""
         return await self.backend.inspect(check.queue_name(queue), check.batch_size(limit))
 
+    async def register_worker(self, worker_id: str, info: dict[str, JSON], *, ttl: float) -> float:
+        """Write (or refresh) a live worker's entry, listed for ``ttl`` seconds on the store's
+        clock unless registered again; lapsed entries of other workers are collected.
+
+        Args:
+            worker_id: the worker's id (1 to 200 characters, e.g. ``host:pid:random``).
+            info: what :meth:`workers` shows of it: ``host``, ``pid``, ``queues``,
+                ``concurrency``, ``started``, ``tasks`` (JSON).
+            ttl: seconds the entry lives.
+
+        Returns:
+            When the entry lapses, on the store's clock.
+        """
+        data = encode(info, limit=self.settings.max_payload_bytes)
+        return await self.backend.register_worker(
+            check.worker_id(worker_id), data, check.duration(ttl, "ttl")
+        )
+
+    async def workers(self) -> list[WorkerInfo]:
+        """The live workers of the store (entries whose TTL has not passed), by id."""
+        return await self.backend.workers()
+
+    async def unregister_worker(self, worker_id: str) -> bool:
+        """Remove a worker's entry (a clean shutdown); whether it was there."""
+        return await self.backend.unregister_worker(check.worker_id(worker_id))
+
     async def dead(self, queue: str, *, limit: int = 100) -> list[Task]:
         """Dead-lettered tasks, most recent first; raises UnknownQueue."""
         return await self.backend.dead(check.queue_name(queue), check.batch_size(limit))
@@ -474,24 +547,25 @@ class AsyncQueue:
         older_than: float | None = None,
         limit: int = 1000,
     ) -> int:
-        """Delete up to ``limit`` of the queue's oldest ``done`` (or ``dead``) tasks that
-        finished at least ``older_than`` seconds ago, in one atomic step; workers do this on a
+        """Delete up to ``limit`` of the queue's oldest ``done`` (``dead``, ``cancelled``) tasks
+        that finished at least ``older_than`` seconds ago, in one atomic step; workers do this on a
         timer (``WorkerSettings.purge_every``). A purged task's id and dedup key are free again.
 
         Args:
             queue: the queue.
-            state: ``"done"`` or ``"dead"``.
+            state: ``"done"``, ``"dead"`` or ``"cancelled"``.
             older_than: seconds since the task finished (store clock); default: the settings'
-                ``done_retention`` or ``dead_retention``. Any value >= 0 is taken, 0 too (every
-                finished task): below :data:`~agentlease._settings.MIN_RETENTION` a worker
-                whose final write's reply was lost may not find its task to check it.
+                ``done_retention``, or ``dead_retention`` for dead and cancelled tasks. Any value
+                >= 0 is taken, 0 too (every finished task): below
+                :data:`~agentlease._settings.MIN_RETENTION` a worker whose final write's reply
+                was lost may not find its task to check it.
             limit: the most tasks deleted (1 to 10,000); call again while it returns ``limit``.
 
         Returns:
             How many tasks were deleted (0 for a queue never enqueued to).
         """
         if state not in FINISHED:
-            raise InvalidInput(f"state must be 'done' or 'dead', not {state!r}")
+            raise InvalidInput(f"state must be one of {', '.join(FINISHED)}, not {state!r}")
         if older_than is None:
             s = self.settings
             seconds = s.done_retention if state == "done" else s.dead_retention
@@ -533,6 +607,62 @@ class AsyncQueue:
             check.queue_name(queue), state, check.batch_size(limit), after
         )
         return tasks, None if key is None else _cursor.encode(state, key)
+
+    async def cancel(self, task_id: str, reason: str = "cancelled") -> Cancellation:
+        """Cancel a task, in one atomic step on the store.
+
+        A task that waits (queued, scheduled, failed waiting for its retry, parked) becomes
+        ``cancelled`` at once, with ``reason`` and ``finished_at``, and frees its partition as a
+        completion does. A leased task is flagged: its holder's writes (complete, fail, release,
+        progress, checkpoint) are refused from now on with
+        :class:`~agentlease.errors.TaskCancelled`, its worker learns it at its next heartbeat
+        and cancels the handler, and the task ends ``cancelled`` then (or when the reaper finds
+        its lease run out, if the holder is gone: never requeued). A task that has already
+        ended (done, dead, cancelled) is left as it is: the outcome says ``finished``.
+
+        Args:
+            task_id: the task.
+            reason: why, 1 to 1000 characters on one line; kept with the task (a reason asked
+                for earlier wins).
+
+        Returns:
+            What happened: ``outcome`` ``cancelled``, ``requested`` or ``finished``.
+
+        Raises:
+            UnknownTask: no task has that id.
+            InvalidInput: a bad id or reason (nothing changed).
+        """
+        task_id, reason = check.task_id(task_id), check.reason(reason)
+        return await self.backend.cancel(task_id, reason, cancel_error(reason))
+
+    async def delete_queue(self, queue: str, *, force: bool = False, batch: int = 1000) -> int:
+        """Delete every task of a queue and the queue itself, in atomic batches of ``batch``
+        tasks (so a queue of a million tasks never takes one giant step).
+
+        Workers of the queue should be stopped first. Unless ``force``, a batch that finds a
+        live lease in the queue raises :class:`~agentlease.errors.QueueInUse` and deletes
+        nothing (earlier batches stay deleted). With ``force``, leased tasks are deleted too:
+        their holders' later writes are refused (the task is unknown to the store).
+
+        Returns:
+            How many tasks were deleted.
+
+        Raises:
+            UnknownQueue: nothing was ever enqueued to that queue.
+            QueueInUse: a live lease was found and ``force`` is false.
+            InvalidInput: a bad queue name or batch size (nothing changed).
+        """
+        queue = check.queue_name(queue)
+        force = check.flag(force, "force")
+        batch = check.batch_size(batch)
+        if queue not in await self.backend.queues():
+            raise UnknownQueue(queue)
+        total = 0
+        while True:
+            deleted, gone = await self.backend.delete_queue(queue, batch, force)
+            total += deleted
+            if gone:
+                return total
 
     # -- events ---------------------------------------------------------------------------------
 

@@ -138,8 +138,9 @@ def _migrations() -> tuple[Migration, ...]:
             text = entry.read_text(encoding="utf-8")
             found.append(Migration(int(match.group(1)), match.group(2), _trusted(text)))
     found.sort(key=lambda m: m.version)
-    if [m.version for m in found] != list(range(1, len(found) + 1)):
-        raise RuntimeError(f"migrations must be numbered 1, 2, ... without gaps: {found}")
+    versions = [m.version for m in found]
+    if len(set(versions)) != len(versions) or versions[:1] != [1]:
+        raise RuntimeError(f"migrations must be numbered 1, 2, ... once each: {found}")
     return tuple(found)
 
 
@@ -321,5 +322,6 @@ def _refused_login(where: str, exc: psycopg.Error, detail: str) -> BackendRefuse
 
 
 def task(row: tuple[Any, ...]) -> Task:
-    """A :class:`Task` from the 21 columns that ``get``, ``dead`` and ``fail_*`` return."""
+    """A :class:`Task` from the 21 columns that ``dead`` and ``fail_*`` return (22 from ``get``:
+    the cancel reason too)."""
     return task_from_row(row)

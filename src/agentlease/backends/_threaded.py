@@ -18,6 +18,7 @@ from agentlease._cursor import Key
 from agentlease._records import (
     BreakerState,
     BudgetState,
+    Cancellation,
     Enqueued,
     FinishedState,
     Job,
@@ -34,6 +35,7 @@ from agentlease._records import (
     RecordWrite,
     StateRecord,
     Task,
+    WorkerInfo,
 )
 from agentlease.errors import BackendUnavailable, LeaseLost, UnknownTask
 
@@ -139,6 +141,12 @@ class ThreadedAsyncBackend:
     async def requeue_dead(self, queue: str, task_ids: Sequence[str] | None, front: bool) -> int:
         return await self._run(self._sync.requeue_dead, queue, task_ids, front)
 
+    async def cancel(self, task_id: str, reason: str, error_json: bytes) -> Cancellation:
+        return await self._run(self._sync.cancel, task_id, reason, error_json)
+
+    async def delete_queue(self, queue: str, limit: int, force: bool) -> tuple[int, bool]:
+        return await self._run(self._sync.delete_queue, queue, limit, force)
+
     async def reserve_key(
         self, key: str, fingerprint: str, holder: str, hold_for: float, window: float
     ) -> KeyHold | KeyRecord:
@@ -228,6 +236,15 @@ class ThreadedAsyncBackend:
         self, key: str, fence: int, ok: bool, threshold: int, cooldown: float, ttl: float
     ) -> BreakerState:
         return await self._run(self._sync.breaker_record, key, fence, ok, threshold, cooldown, ttl)
+
+    async def register_worker(self, worker_id: str, info_json: bytes, ttl: float) -> float:
+        return await self._run(self._sync.register_worker, worker_id, info_json, ttl)
+
+    async def workers(self) -> list[WorkerInfo]:
+        return await self._run(self._sync.workers)
+
+    async def unregister_worker(self, worker_id: str) -> bool:
+        return await self._run(self._sync.unregister_worker, worker_id)
 
     async def close(self) -> None:
         if self._executor is None:

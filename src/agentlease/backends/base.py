@@ -20,9 +20,22 @@ parked task (lowest sequence) if the partition is no longer busy: it becomes que
 scheduled if its ``run_at`` is still ahead. ``stats`` counts parked tasks and names up to five
 partitions with the most of them (``hot_partitions``).
 
+Cancellation. ``cancel`` decides in one atomic step: a task that waits (queued, scheduled,
+failed, parked), or whose lease has run out, becomes ``cancelled`` at once (``finished_at`` set,
+its error the cancel error with the reason, its partition freed exactly as a completion frees
+it). A live lease is flagged instead: the reason and the cancel error are stored, the task stays
+``leased``, and every holder write on it (complete, fail, release, progress; extend renews
+nothing) is refused with :class:`~agentlease.errors.TaskCancelled` and changes nothing. The
+holder's next ``extend`` of that lease (its heartbeat) ends the task ``cancelled``, as does the
+reaper when the lease runs out (never a requeue). A task that has ended (done, dead, cancelled)
+is left as it is. ``delete_queue`` deletes one bounded batch of a queue's tasks per atomic step,
+and the queue itself with its last batch.
+
 Task context. A task may carry ``context_json`` (:class:`~agentlease._records.NewTask`): a JSON
-object ``{"root": <task id>, "deadline": <seconds on the store's clock>}`` (either key
-optional) naming the root task it belongs to and the deadline of that tree of work. The store
+object ``{"root": <task id>, "deadline": <seconds on the store's clock>, "timeout": <seconds>,
+"traceparent": ..., "tracestate": ...}`` (every key optional) naming the root task it belongs
+to, the deadline of that tree of work, its own time limit per attempt and the W3C trace context
+it was enqueued in. The store
 keeps it verbatim with the task, writes it only at enqueue, and returns it unchanged in every
 :class:`~agentlease._records.Job` that ``claim`` (and ``complete_and_claim``) hands out and every
 :class:`~agentlease._records.Task` that ``get``, ``dead`` and ``fail`` return; it belongs to the
@@ -30,6 +43,19 @@ task, so it survives retries, reclaims and ``requeue_dead``. A task without one 
 ``context_json=None`` (so do tasks stored before the store knew contexts). The store never
 reads it: what a deadline means is decided above the seam (the worker's claim compares it with
 the lease's ``leased_at``).
+
+Attempt history. Every primitive that starts or ends a lease records it in the task's history
+in the same atomic step: a claim adds the attempt (its number, the claim's
+``LeaseTerms.holder``, the store's time), and ``complete``, ``fail``, ``release`` and a reap
+(inside ``claim`` or ``reap``) end it with its outcome (``done``, ``failed`` with the error's
+type, ``released``, ``expired``). The store keeps the last
+:data:`~agentlease._records.ATTEMPTS_KEPT` attempts of a task; ``get`` returns them
+(:attr:`~agentlease._records.Task.attempts`) and ``inspect`` each lease's holder.
+
+Live workers (``register_worker``, ``workers``, ``unregister_worker``): one entry per worker id,
+store-wide, with a TTL on the store's clock; a worker registers again on a timer (its
+heartbeat) and removes itself when it stops cleanly. An entry whose TTL has passed is not
+listed, and ``register_worker`` deletes such entries (a bounded number per call) in its step.
 
 Idempotency keys (``*_key`` primitives) live beside the tasks, one record per key, unique in the
 store. A key moves ``absent -> in_flight -> done | failed`` (or back to absent-like on release),
@@ -70,6 +96,7 @@ from agentlease._cursor import Key
 from agentlease._records import (
     BreakerState,
     BudgetState,
+    Cancellation,
     Enqueued,
     FinishedState,
     Job,
@@ -86,6 +113,7 @@ from agentlease._records import (
     RecordWrite,
     StateRecord,
     Task,
+    WorkerInfo,
 )
 from agentlease.errors import LeaseLost, UnknownTask
 
@@ -117,7 +145,8 @@ class Backend(Protocol):
         (to the front if ``terms.reap_front``; dead-lettered past ``max_reclaims``), pick by
         priority (higher first) then sequence, mark leased with a fresh random token per task,
         ``attempt += 1``, expiry from the store's clock. Returns the jobs in pick order (each with
-        its task's ``context_json``) and the leases it reaped.
+        its task's ``context_json`` and ``run_at``, the time it became due, for the queue
+        latency) and the leases it reaped.
         """
         ...
 
@@ -184,7 +213,8 @@ class Backend(Protocol):
         ...
 
     def inspect(self, queue: str, limit: int) -> list[LeaseInfo]:
-        """Live leases of the queue, soonest expiry first; raises UnknownQueue."""
+        """Live leases of the queue, soonest expiry first, each with the holder its claim named;
+        raises UnknownQueue."""
         ...
 
     def dead(self, queue: str, limit: int) -> list[Task]:
@@ -224,6 +254,38 @@ class Backend(Protocol):
         does not fit raises InvalidInput. Pages are consistent per page, not across pages: a
         task that moves while a listing goes on may be missed or seen twice.
         """
+        ...
+
+    # -- live workers ----------------------------------------------------------------------------
+
+    def register_worker(self, worker_id: str, info_json: bytes, ttl: float) -> float:
+        """Write (or refresh) the worker's entry, live for ``ttl`` seconds on the store's clock,
+        and delete lapsed entries of other workers (at most a bounded number), in one atomic
+        step. Returns the entry's expiry."""
+        ...
+
+    def workers(self) -> list[WorkerInfo]:
+        """The live worker entries (TTL not passed), sorted by id."""
+        ...
+
+    def unregister_worker(self, worker_id: str) -> bool:
+        """Delete the worker's entry; whether it was there (live or not)."""
+        ...
+
+    # -- cancellation ------------------------------------------------------------------------------
+
+    def cancel(self, task_id: str, reason: str, error_json: bytes) -> Cancellation:
+        """Cancel a task in one atomic step (see the module docstring); ``error_json`` is the
+        error the cancelled task keeps. A reason asked for earlier is kept. Raises
+        :class:`~agentlease.errors.UnknownTask`."""
+        ...
+
+    def delete_queue(self, queue: str, limit: int, force: bool) -> tuple[int, bool]:
+        """Delete up to ``limit`` tasks of ``queue`` (any state) in one atomic step and, when
+        none is left, the queue itself (it leaves ``queues()``); returns how many tasks were
+        deleted and whether the queue is gone. Unless ``force``, a step that finds a live lease
+        in the queue raises :class:`~agentlease.errors.QueueInUse` and deletes nothing. A
+        holder of a deleted task has its writes refused (the task is unknown)."""
         ...
 
     # -- idempotency keys ------------------------------------------------------------------------
@@ -486,6 +548,11 @@ class AsyncBackend(Protocol):
     async def list_tasks(
         self, queue: str, state: ListedState, limit: int, after: Key | None
     ) -> tuple[list[Task], Key | None]: ...
+    async def register_worker(self, worker_id: str, info_json: bytes, ttl: float) -> float: ...
+    async def workers(self) -> list[WorkerInfo]: ...
+    async def unregister_worker(self, worker_id: str) -> bool: ...
+    async def cancel(self, task_id: str, reason: str, error_json: bytes) -> Cancellation: ...
+    async def delete_queue(self, queue: str, limit: int, force: bool) -> tuple[int, bool]: ...
     async def reserve_key(
         self, key: str, fingerprint: str, holder: str, hold_for: float, window: float
     ) -> KeyHold | KeyRecord: ...

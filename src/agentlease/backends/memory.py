@@ -11,6 +11,11 @@ drops it), so the heaps hold at most one lease's worth of stale entries.
 Idempotency keys live in a :class:`~agentlease.backends._memory_keys.KeyTable`, versioned
 records, counters and locks in a :class:`~agentlease.backends._memory_state.StateTables`, under
 the same lock; their primitives are the bases MemoryKeys and MemoryState.
+
+Cancellation: a row's ``cancel_reason`` (on its task) flags a live lease; ``_fenced`` refuses
+every holder write on it with :class:`~agentlease.errors.TaskCancelled`, and ``extend`` and the
+reaper end it cancelled. Each queue's lane keeps the ids of its tasks, so ``delete_queue``
+deletes a batch of them without visiting other queues' tasks.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import orjson
 
@@ -28,6 +33,8 @@ from agentlease import _cursor
 from agentlease._cursor import Key
 from agentlease._policy.lease import front_seq, is_live, lease_expiry, lost_reason, reap_outcome
 from agentlease._records import (
+    FINISHED,
+    Cancellation,
     Enqueued,
     FinishedState,
     Job,
@@ -40,16 +47,21 @@ from agentlease._records import (
     Reaped,
     Task,
     TaskState,
+    WorkerInfo,
+    close_attempt,
+    error_type,
+    open_attempt,
 )
 from agentlease.backends._memory_keys import KeyTable, MemoryKeys
 from agentlease.backends._memory_state import MemoryState, StateTables
 from agentlease.backends._threaded import ThreadedAsyncBackend
 from agentlease.backends.base import AsyncBackend
-from agentlease.errors import LeaseLost, UnknownQueue, UnknownTask
+from agentlease.errors import LeaseLost, QueueInUse, TaskCancelled, UnknownQueue, UnknownTask
 
 __all__ = ["MemoryBackend"]
 
 HOT = 5  # partitions listed as hot in stats
+WORKERS_SWEPT = 100  # lapsed worker entries deleted per register_worker
 
 
 @dataclass(slots=True)
@@ -67,6 +79,7 @@ class _Lane:
     ready: list[tuple[int, int, str]]
     waiting: list[tuple[float, str]]
     leased: list[tuple[float, str, str]]
+    ids: dict[str, None] = field(default_factory=dict)  # every task of the queue
 
 
 class MemoryBackend(MemoryKeys, MemoryState):
@@ -92,6 +105,9 @@ class MemoryBackend(MemoryKeys, MemoryState):
         self._parked: dict[tuple[str, str], list[tuple[int, str]]] = {}
         # Retention: finished tasks of each (queue, state) by finished_at, lazily validated.
         self._ended: dict[tuple[str, str], list[tuple[float, str]]] = {}
+        # Live workers: id -> (info JSON, beat_at, expires_at); the holder of each lease.
+        self._workers: dict[str, tuple[bytes, float, float]] = {}
+        self._holders: dict[str, str | None] = {}
 
     # -- helpers (called with the lock held) ---------------------------------------------------
 
@@ -109,6 +125,10 @@ class MemoryBackend(MemoryKeys, MemoryState):
         if row is None:
             raise UnknownTask(lease.task_id)
         t = row.task
+        if t.cancel_reason is not None and t.state in ("leased", "cancelled"):
+            raise TaskCancelled(
+                lease.task_id, t.cancel_reason, attempt=lease.attempt, current_attempt=t.attempt
+            )
         if (
             t.state != "leased"
             or row.token != lease.token
@@ -124,9 +144,11 @@ class MemoryBackend(MemoryKeys, MemoryState):
         while lane.waiting and lane.waiting[0][0] <= now:
             run_at, task_id = heapq.heappop(lane.waiting)
             row = self._rows.get(task_id)
-            if row is None:  # purged since
-                continue
-            if row.task.state in ("scheduled", "failed") and row.task.run_at == run_at:
+            if (
+                row is not None
+                and row.task.state in ("scheduled", "failed")
+                and row.task.run_at == run_at
+            ):
                 row.task = replace(row.task, state="queued")
                 self._push_ready(lane, row)
 
@@ -134,16 +156,20 @@ class MemoryBackend(MemoryKeys, MemoryState):
         reaped: list[Reaped] = []
         while lane.leased and lane.leased[0][0] <= now:
             expires_at, task_id, token = heapq.heappop(lane.leased)
-            found = self._rows.get(task_id)
-            if found is None:  # purged since
+            row = self._rows.get(task_id)
+            if row is None:
                 continue
-            row = found
             t = row.task
             if t.state != "leased" or row.token != token or t.expires_at != expires_at:
+                continue
+            if t.cancel_reason is not None:  # its holder is gone: the cancel is carried out
+                self._cancelled(row, now)
+                reaped.append(Reaped(task_id, queue, t.attempt, "cancelled"))
                 continue
             reclaims = t.reclaims + 1
             outcome = reap_outcome(reclaims, t.max_reclaims)
             row.token = None
+            t = replace(t, attempts=close_attempt(t.attempts, t.attempt, now, "expired"))
             if outcome == "dead":
                 error = orjson.dumps(
                     {"type": "LeaseExpired", "message": f"lease expired {reclaims} times"}
@@ -214,6 +240,17 @@ class MemoryBackend(MemoryKeys, MemoryState):
         if not parked:
             self._parked.pop(key, None)
 
+    def _cancelled(self, row: _Row, now: float) -> None:
+        """End a task cancelled (its reason and error already on it, or given by the caller)
+        and free its partition; a lease's running attempt ends cancelled."""
+        row.token = None
+        t = row.task
+        attempts = close_attempt(t.attempts, t.attempt, now, "cancelled")
+        row.task = replace(
+            t, state="cancelled", finished_at=now, expires_at=None, attempts=attempts
+        )
+        self._finished(row, now)
+
     def _set_lease(self, lane: _Lane, row: _Row) -> None:
         t = row.task
         assert t.expires_at is not None
@@ -265,6 +302,7 @@ class MemoryBackend(MemoryKeys, MemoryState):
                     seq=self._seq,
                 )
                 self._rows[spec.id] = row
+                lane.ids[spec.id] = None
                 batch[spec.id] = spec.id
                 if spec.dedup_key is not None:
                     self._dedup[(spec.queue, spec.dedup_key)] = spec.id
@@ -284,10 +322,9 @@ class MemoryBackend(MemoryKeys, MemoryState):
             jobs: list[Job] = []
             while lane.ready and len(jobs) < n:
                 neg_priority, seq, task_id = heapq.heappop(lane.ready)
-                found = self._rows.get(task_id)
-                if found is None:  # purged since
+                row = self._rows.get(task_id)
+                if row is None:
                     continue
-                row = found
                 t = row.task
                 if t.state != "queued" or row.seq != seq or t.priority != -neg_priority:
                     continue
@@ -299,8 +336,14 @@ class MemoryBackend(MemoryKeys, MemoryState):
                     now, terms.lease_for, row.deadline, now, terms.progress_timeout
                 )
                 row.task = replace(
-                    t, state="leased", attempt=t.attempt + 1, leased_at=now, expires_at=expires
+                    t,
+                    state="leased",
+                    attempt=t.attempt + 1,
+                    leased_at=now,
+                    expires_at=expires,
+                    attempts=open_attempt(t.attempts, t.attempt + 1, terms.holder, now),
                 )
+                self._holders[task_id] = terms.holder
                 self._set_lease(lane, row)
                 lease = Lease(task_id, queue, row.token, t.attempt + 1, now, expires)
                 jobs.append(
@@ -312,6 +355,7 @@ class MemoryBackend(MemoryKeys, MemoryState):
                         t.failures,
                         t.reclaims,
                         t.context_json,
+                        t.run_at,
                     )
                 )
             return jobs, reaped
@@ -323,6 +367,12 @@ class MemoryBackend(MemoryKeys, MemoryState):
             for lease in leases:
                 try:
                     row = self._fenced(lease, now)
+                except TaskCancelled:
+                    flagged = self._rows[lease.task_id]
+                    if flagged.task.state == "leased" and flagged.token == lease.token:
+                        self._cancelled(flagged, now)  # the holder is told now
+                    out.append(None)
+                    continue
                 except (LeaseLost, UnknownTask):
                     out.append(None)
                     continue
@@ -340,8 +390,14 @@ class MemoryBackend(MemoryKeys, MemoryState):
             now = self._clock()
             row = self._fenced(lease, now)
             row.token = None
+            t = row.task
             row.task = replace(
-                row.task, state="done", result_json=result_json, finished_at=now, expires_at=None
+                t,
+                state="done",
+                result_json=result_json,
+                finished_at=now,
+                expires_at=None,
+                attempts=close_attempt(t.attempts, t.attempt, now, "done"),
             )
             self._finished(row, now)
 
@@ -373,6 +429,12 @@ class MemoryBackend(MemoryKeys, MemoryState):
             row = self._fenced(lease, now)
             row.token = None
             t = row.task
+            t = replace(
+                t,
+                attempts=close_attempt(
+                    t.attempts, t.attempt, now, "failed", error_type(error_json)
+                ),
+            )
             if retry_in is None:
                 row.task = replace(
                     t,
@@ -393,7 +455,7 @@ class MemoryBackend(MemoryKeys, MemoryState):
                     expires_at=None,
                 )
                 heapq.heappush(self._lanes[t.queue].waiting, (row.task.run_at, t.id))
-            return row.task
+            return replace(row.task, attempts=())
 
     def release(self, lease: Lease, front: bool) -> None:
         with self._lock:
@@ -405,7 +467,13 @@ class MemoryBackend(MemoryKeys, MemoryState):
             else:
                 self._seq += 1
                 row.seq = self._seq
-            row.task = replace(row.task, state="queued", expires_at=None)
+            t = row.task
+            row.task = replace(
+                t,
+                state="queued",
+                expires_at=None,
+                attempts=close_attempt(t.attempts, t.attempt, now, "released"),
+            )
             self._push_ready(self._lanes[row.task.queue], row)
 
     def progress(
@@ -483,6 +551,7 @@ class MemoryBackend(MemoryKeys, MemoryState):
                     (t.expires_at or now) - now,
                     t.reclaims,
                     t.failures,
+                    self._holders.get(t.id),
                 )
                 for t in live[:limit]
             ]
@@ -493,7 +562,7 @@ class MemoryBackend(MemoryKeys, MemoryState):
             rows = [r.task for r in self._rows.values() if r.task.queue == queue]
             dead = [t for t in rows if t.state == "dead"]
             dead.sort(key=lambda t: (-(t.finished_at or 0.0), t.id))
-            return dead[:limit]
+            return [replace(t, attempts=()) for t in dead[:limit]]
 
     def requeue_dead(self, queue: str, task_ids: Sequence[str] | None, front: bool) -> int:
         with self._lock:
@@ -531,6 +600,10 @@ class MemoryBackend(MemoryKeys, MemoryState):
                 if row is None or row.task.state != state or row.task.finished_at != finished_at:
                     continue  # requeued (or purged) since: a stale entry
                 del self._rows[task_id]
+                self._holders.pop(task_id, None)
+                lane = self._lanes.get(queue)
+                if lane is not None:
+                    lane.ids.pop(task_id, None)
                 dedup = row.task.dedup_key
                 if dedup is not None and self._dedup.get((queue, dedup)) == task_id:
                     del self._dedup[(queue, dedup)]
@@ -557,13 +630,96 @@ class MemoryBackend(MemoryKeys, MemoryState):
             else:
                 start = _cursor.key(after, float, str)
                 keys = [([r.task.finished_at or 0.0, r.task.id], r.task) for r in rows]
-            desc = state in ("done", "dead")
+            desc = state in ("done", "dead", "cancelled")
             keys.sort(key=lambda kt: kt[0], reverse=desc)
             if start is not None:
                 keys = [kt for kt in keys if (kt[0] < start if desc else kt[0] > start)]
             page = keys[:limit]
             more = len(keys) > limit
             return [t for _, t in page], (page[-1][0] if more else None)
+
+    def register_worker(self, worker_id: str, info_json: bytes, ttl: float) -> float:
+        with self._lock:
+            now = self._clock()
+            lapsed = [w for w, (_, _, until) in self._workers.items() if until <= now]
+            for w in lapsed[:WORKERS_SWEPT]:
+                del self._workers[w]
+            self._workers[worker_id] = (info_json, now, now + ttl)
+            return now + ttl
+
+    def workers(self) -> list[WorkerInfo]:
+        with self._lock:
+            now = self._clock()
+            return [
+                WorkerInfo(w, info, beat, until)
+                for w, (info, beat, until) in sorted(self._workers.items())
+                if until > now
+            ]
+
+    def unregister_worker(self, worker_id: str) -> bool:
+        with self._lock:
+            return self._workers.pop(worker_id, None) is not None
+
+    def cancel(self, task_id: str, reason: str, error_json: bytes) -> Cancellation:
+        with self._lock:
+            now = self._clock()
+            row = self._rows.get(task_id)
+            if row is None:
+                raise UnknownTask(task_id)
+            t = row.task
+            if t.state in FINISHED:
+                return Cancellation(task_id, "finished", t.state, t.cancel_reason)
+            current = t.cancel_reason
+            if current is None:
+                row.task = t = replace(t, cancel_reason=reason, error_json=error_json)
+            live = t.expires_at is not None and is_live(now, t.expires_at)
+            if t.state == "leased" and live:
+                return Cancellation(task_id, "requested", "leased", t.cancel_reason)
+            self._cancelled(row, now)
+            return Cancellation(task_id, "cancelled", "cancelled", t.cancel_reason)
+
+    def delete_queue(self, queue: str, limit: int, force: bool) -> tuple[int, bool]:
+        with self._lock:
+            lane = self._lanes.get(queue)
+            if lane is None:
+                return 0, True
+            now = self._clock()
+            if not force:
+                leased = sum(
+                    1
+                    for expires, task_id, token in lane.leased
+                    if (row := self._rows.get(task_id)) is not None
+                    and row.token == token
+                    and row.task.state == "leased"
+                    and row.task.expires_at == expires
+                    and is_live(now, expires)
+                )
+                if leased:
+                    raise QueueInUse(queue, leased)
+            deleted = 0
+            while lane.ids and deleted < limit:
+                task_id = next(iter(lane.ids))
+                del lane.ids[task_id]
+                row = self._rows.pop(task_id)
+                self._holders.pop(task_id, None)
+                t = row.task
+                if t.dedup_key is not None:
+                    self._dedup.pop((queue, t.dedup_key), None)
+                if t.partition is not None:
+                    busy = self._busy.get((queue, t.partition))
+                    if busy is not None:
+                        busy.discard(task_id)
+                deleted += 1
+            if lane.ids:
+                return deleted, False
+            del self._lanes[queue]
+            for key in [k for k in self._busy if k[0] == queue]:
+                del self._busy[key]
+            for key in [k for k in self._parked if k[0] == queue]:
+                del self._parked[key]
+            for key in [k for k in self._ended if k[0] == queue]:
+                del self._ended[key]
+            return deleted, True
 
     def close(self) -> None:
         """Nothing to release: the tasks live as long as this object."""

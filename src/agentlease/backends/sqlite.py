@@ -14,6 +14,19 @@ busy, checked per row inside their one transaction (so an earlier task of the sa
 the trigger ``agentlease_unpark`` starts a partition's next task inside whichever statement
 finishes its last busy task (complete, fail, a reap past max_reclaims), so that step stays one.
 
+Attempt history (schema version 10): the triggers ``agentlease_attempt_open`` and
+``agentlease_attempt_close`` write a task's attempts (table ``agentlease_attempts``, the last 20)
+inside the statement that claims or ends its lease, whatever the path; the claim writes its
+holder into the task's row for them (and for ``inspect``). Live workers are rows of
+``agentlease_workers``.
+
+Cancellation (schema version 8): ``cancel`` ends a waiting task at once; on a live lease it
+sets ``cancel_reason``, which every holder write's statement requires to be NULL, so the
+holder's writes are refused (:class:`~agentlease.errors.TaskCancelled`) and change nothing. The
+holder's next ``extend`` ends the task cancelled (a second, conditional statement after the
+renewal, matched on the lease's token), and so does the reaper if the holder is gone.
+``delete_queue`` deletes a bounded batch of a queue's tasks per ``BEGIN IMMEDIATE``.
+
 Versions: ``PRAGMA user_version`` is the schema's version (:data:`SCHEMA_VERSION`). An older
 database is upgraded when opened; a newer one (written by a newer agentlease) is refused with
 :class:`~agentlease.errors.SchemaTooNew` before anything is written to it.
@@ -25,6 +38,7 @@ of any process; a power loss may lose the last transactions. ``?synchronous=FULL
 from __future__ import annotations
 
 import random
+import re
 import sqlite3
 import threading
 import time
@@ -44,6 +58,8 @@ from agentlease._policy.lease import (
     reap_outcome,
 )
 from agentlease._records import (
+    FINISHED,
+    Cancellation,
     Enqueued,
     FinishedState,
     Job,
@@ -55,6 +71,7 @@ from agentlease._records import (
     QueueStats,
     Reaped,
     Task,
+    WorkerInfo,
     renewed_leases,
     task_from_row,
 )
@@ -67,7 +84,9 @@ from agentlease.errors import (
     BackendError,
     BackendUnavailable,
     LeaseLost,
+    QueueInUse,
     SchemaTooNew,
+    TaskCancelled,
     UnknownQueue,
     UnknownTask,
 )
@@ -77,13 +96,19 @@ __all__ = ["SQLiteBackend"]
 Q = queries("agentlease.backends.sql", "sqlite.sql")
 # 1: tasks and queues; 2: idempotency keys; 3: records, counters and locks; 4: partitions; 5:
 # counter holds; 6: retry budgets and circuit breakers; 7: a task's context (its root task and
-# deadline). The schema is all "IF NOT EXISTS", so a database at an older version is brought up
+# deadline); 8: cancellation (a task's cancel reason; the unpark trigger fires on cancelled).
+# The schema is all "IF NOT EXISTS", so a database at an older version is brought up
 # to date by running it again, after the upgrade_to_<version> steps that change tables it already
 # has (versions 5 and 6 only add tables: they need none; version 7 adds a column, NULL for the
-# tasks already there); version 9 adds the index of done tasks by finished time, which the schema
-# creates over the rows already there (it needs no step of its own, and none of version 8's), and
+# tasks already there; version 8 adds one and drops the trigger, which the schema recreates).
+# 10: the holder of each lease (a column), the attempt history and live workers (tables), and the
+# triggers that write the history. Version 9 adds the index of done tasks by finished time,
+# which the schema creates over the rows already there (it needs no step of its own), and
 # indexes of budgets and breakers by expiry; listings read the partial indexes of their state.
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
+
+
+_ADD_COLUMN = re.compile(r"ALTER TABLE (\w+) ADD COLUMN (\w+)")
 
 
 def _translate(path: str, exc: sqlite3.Error) -> BackendError:
@@ -247,16 +272,31 @@ class SQLiteBackend(SQLiteKeys, SQLiteState):
                 # first gets the changes to the tables it has, one version after another.
                 steps = range(version + 1, SCHEMA_VERSION + 1) if version else ()
                 for script in [Q[f"upgrade_to_{v}"] for v in steps if f"upgrade_to_{v}" in Q]:
-                    db.execute(script)
+                    for statement in script.split(";"):
+                        if statement.strip() and not self._has_column(statement):
+                            db.execute(statement)
                 for statement in Q["schema"].split(";"):
                     if statement.strip():
                         db.execute(statement)
                 db.execute(Q["unpark_trigger"])
+                db.execute(Q["attempt_open_trigger"])
+                db.execute(Q["attempt_close_trigger"])
+                db.execute(Q["attempt_forget_trigger"])
                 db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
             raise
+
+    def _has_column(self, statement: str) -> bool:
+        """Whether ``statement`` adds a column the table already has (an upgrade step run on a
+        database that has it, as a copy rolled back by hand may): it is skipped then."""
+        added = _ADD_COLUMN.search(statement)
+        if added is None:
+            return False
+        table, column = added.groups()
+        columns = self._db.execute(f"PRAGMA table_info({table})").fetchall()
+        return any(row[1] == column for row in columns)
 
     def _step(self, *, write: bool) -> _Step:
         return _Step(self, write)
@@ -265,7 +305,11 @@ class SQLiteBackend(SQLiteKeys, SQLiteState):
         row = db.execute(Q["fence_state"], {"id": lease.task_id}).fetchone()
         if row is None:
             return UnknownTask(lease.task_id)
-        attempt, state, token, expires_at = row
+        attempt, state, token, expires_at, cancel_reason = row
+        if cancel_reason is not None and state in ("leased", "cancelled"):
+            return TaskCancelled(
+                lease.task_id, cancel_reason, attempt=lease.attempt, current_attempt=attempt
+            )
         live = expires_at is not None and expires_at > now
         reason = lost_reason(state, token == lease.token, live)
         return LeaseLost(lease.task_id, lease.attempt, attempt, state, reason=reason)
@@ -287,9 +331,13 @@ class SQLiteBackend(SQLiteKeys, SQLiteState):
 
     def _reap(self, db: sqlite3.Connection, queue: str, now: float, front: bool) -> list[Reaped]:
         reaped: list[Reaped] = []
-        for task_id, attempt, before, max_reclaims, seq in db.execute(
+        for task_id, attempt, before, max_reclaims, seq, cancel_reason in db.execute(
             Q["expired"], {"queue": queue, "now": now}
         ).fetchall():
+            if cancel_reason is not None:  # its holder is gone: the cancel is carried out
+                db.execute(Q["reap_cancel"], {"id": task_id, "now": now})
+                reaped.append(Reaped(task_id, queue, attempt, "cancelled"))
+                continue
             reclaims = before + 1
             outcome = reap_outcome(reclaims, max_reclaims)
             if outcome == "dead":
@@ -374,11 +422,21 @@ class SQLiteBackend(SQLiteKeys, SQLiteState):
                 "expires_at": expires,
                 "deadline": deadline,
                 "progress_timeout": terms.progress_timeout,
+                "holder": terms.holder,
             },
         ).fetchall()
         rows.sort(key=lambda r: (-r[5], r[8]))
         jobs = [
-            Job(Lease(r[0], queue, r[1], r[2], now, expires), r[3], r[4], r[5], r[6], r[7], r[9])
+            Job(
+                Lease(r[0], queue, r[1], r[2], now, expires),
+                r[3],
+                r[4],
+                r[5],
+                r[6],
+                r[7],
+                r[9],
+                r[10],
+            )
             for r in rows
         ]
         return jobs, reaped
@@ -392,6 +450,8 @@ class SQLiteBackend(SQLiteKeys, SQLiteState):
             rows = db.execute(
                 Q["extend"], {"leases": payload, "now": now, "lease_for": lease_for}
             ).fetchall()
+            if len(rows) < len(leases):  # a cancel asked for meanwhile is carried out now
+                db.execute(Q["cancel_held"], {"leases": payload, "now": now})
         return renewed_leases(leases, rows)
 
     def complete(self, lease: Lease, result_json: bytes | None) -> None:
@@ -493,8 +553,8 @@ class SQLiteBackend(SQLiteKeys, SQLiteState):
             now = time.time()
             rows = db.execute(Q["inspect"], {"queue": queue, "now": now, "limit": limit}).fetchall()
         return [
-            LeaseInfo(task_id, attempt, now - leased_at, expires_at - now, reclaims, failures)
-            for task_id, attempt, leased_at, expires_at, reclaims, failures in rows
+            LeaseInfo(task_id, attempt, now - leased_at, expires_at - now, reclaims, failures, who)
+            for task_id, attempt, leased_at, expires_at, reclaims, failures, who in rows
         ]
 
     def dead(self, queue: str, limit: int) -> list[Task]:
@@ -516,7 +576,7 @@ class SQLiteBackend(SQLiteKeys, SQLiteState):
             return len(chosen)
 
     def purge_tasks(self, queue: str, state: FinishedState, older_than: float, limit: int) -> int:
-        name = "purge_done" if state == "done" else "purge_dead"
+        name = f"purge_{state}"
         with self._step(write=False) as db:  # one statement: one atomic step
             params = {"queue": queue, "cutoff": time.time() - older_than, "limit": limit}
             return int(db.execute(Q[name], params).rowcount)
@@ -546,6 +606,56 @@ class SQLiteBackend(SQLiteKeys, SQLiteState):
         else:
             key = [last[13] if state == "leased" else last[14], last[0]]
         return [task_from_row(r[:21]) for r in page], key
+
+    def register_worker(self, worker_id: str, info_json: bytes, ttl: float) -> float:
+        with self._step(write=True) as db:
+            now = time.time()
+            db.execute(Q["worker_sweep"], {"now": now})
+            params = {"id": worker_id, "info": info_json, "now": now, "expires_at": now + ttl}
+            db.execute(Q["worker_register"], params)
+        return now + ttl
+
+    def workers(self) -> list[WorkerInfo]:
+        with self._step(write=False) as db:
+            rows = db.execute(Q["workers"], {"now": time.time()}).fetchall()
+        return [WorkerInfo(w, bytes(info), beat, until) for w, info, beat, until in rows]
+
+    def unregister_worker(self, worker_id: str) -> bool:
+        with self._step(write=False) as db:
+            return bool(db.execute(Q["worker_unregister"], {"id": worker_id}).rowcount)
+
+    def cancel(self, task_id: str, reason: str, error_json: bytes) -> Cancellation:
+        with self._step(write=True) as db:
+            now = time.time()
+            row = db.execute(Q["cancel_state"], {"id": task_id}).fetchone()
+            if row is None:
+                raise UnknownTask(task_id)
+            state, expires_at, current = row
+            if state in FINISHED:
+                return Cancellation(task_id, "finished", state, current)
+            if state == "leased" and expires_at is not None and expires_at > now:
+                if current is None:
+                    params = {"id": task_id, "reason": reason, "error": error_json}
+                    db.execute(Q["cancel_request"], params)
+                return Cancellation(task_id, "requested", "leased", current or reason)
+            db.execute(
+                Q["cancel_now"], {"id": task_id, "reason": reason, "error": error_json, "now": now}
+            )
+            return Cancellation(task_id, "cancelled", "cancelled", current or reason)
+
+    def delete_queue(self, queue: str, limit: int, force: bool) -> tuple[int, bool]:
+        with self._step(write=True) as db:
+            if not force:
+                (leased,) = db.execute(
+                    Q["leased_live"], {"queue": queue, "now": time.time()}
+                ).fetchone()
+                if leased:
+                    raise QueueInUse(queue, leased)
+            deleted = db.execute(Q["delete_tasks"], {"queue": queue, "limit": limit}).rowcount
+            if deleted < limit:  # none is left: the queue goes too
+                db.execute(Q["delete_queue"], {"queue": queue})
+                return deleted, True
+            return deleted, False
 
     def close(self) -> None:
         with self._lock:

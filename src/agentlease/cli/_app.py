@@ -43,8 +43,11 @@ R = TypeVar("R")
 # Each command, and the module that defines it.
 COMMANDS = {
     "bench": "agentlease.bench.command",
+    "cancel": "agentlease.cli.cancel",
     "check": "agentlease.cli.harness",
+    "dashboard": "agentlease.cli.dashboard",
     "dead": "agentlease.cli.admin",
+    "delete-queue": "agentlease.cli.cancel",
     "demo": "agentlease.cli.demo",
     "enqueue": "agentlease.cli.admin",
     "explore": "agentlease.cli.harness",
@@ -54,10 +57,12 @@ COMMANDS = {
     "purge": "agentlease.cli.purge",
     "replay": "agentlease.cli.harness",
     "rights": "agentlease.cli.rights",
+    "scheduler": "agentlease.cli.schedule",
     "show": "agentlease.cli.show",
     "stats": "agentlease.cli.admin",
     "tasks": "agentlease.cli.tasks",
     "worker": "agentlease.cli.work",
+    "workers": "agentlease.cli.admin",
 }
 
 

@@ -1,4 +1,4 @@
-"""Administration commands: ``enqueue``, ``stats``, ``inspect`` and ``dead``.
+"""Administration commands: ``enqueue``, ``stats``, ``inspect``, ``workers`` and ``dead``.
 
 Also home to what every command shares: :func:`reports_errors`, which turns any
 :class:`~agentlease.AgentLeaseError` into one red line on stderr and exit status 2, and
@@ -24,7 +24,7 @@ from rich.table import Table
 from rich.text import Text
 
 from agentlease._codec import JSON, encode
-from agentlease._records import STATES, QueueStats, Task, TaskSpec
+from agentlease._records import STATES, QueueStats, Task, TaskSpec, WorkerInfo
 from agentlease._redact import redact_url
 from agentlease._sync.queue import Queue
 from agentlease.backends import connect
@@ -241,8 +241,10 @@ def stats(queues: tuple[str, ...], as_json: bool, url: str) -> None:
     # Compact enough for 80 columns: no edge padding, and "delayed" for the scheduled state.
     table = Table(title="queues", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1))
     table.add_column("queue", style="bold", overflow="fold", min_width=_QUEUE_MIN)
-    # Parked tasks exist only with partitions: the column appears when there are some.
-    shown = [st for st in STATES if st != "parked" or any(s.counts.get(st) for s in rows)]
+    # Parked tasks exist only with partitions, cancelled ones only after a cancel: their columns
+    # appear when there are some.
+    rare = ("parked", "cancelled")
+    shown = [st for st in STATES if st not in rare or any(s.counts.get(st) for s in rows)]
     cells = [
         [
             *(str(s.counts.get(state, 0)) for state in shown),
@@ -283,7 +285,8 @@ def stats(queues: tuple[str, ...], as_json: bool, url: str) -> None:
 @backend_option
 @reports_errors
 def inspect(queue: str, limit: int, as_json: bool, url: str) -> None:
-    """Live leases of QUEUE, soonest expiry first, with each task's last progress."""
+    """Live leases of QUEUE, soonest expiry first, with the worker holding each (its id:
+    host:pid:...) and each task's last progress."""
     with _closing(open_queue(url, must_exist=True)) as q:
         leases = q.inspect(queue, limit=limit)
         progress = {info.task_id: _progress_of(q, info.task_id) for info in leases}
@@ -293,11 +296,15 @@ def inspect(queue: str, limit: int, as_json: bool, url: str) -> None:
     if not leases:
         console.print(f"no live leases in [bold]{escape(queue)}[/]")
         return
-    table = Table(title=f"live leases of {queue}", box=box.SIMPLE_HEAD)
-    table.add_column("task id", style="bold", overflow="fold")
-    for name in ("attempt", "held", "expires in", "reclaims", "failures"):
+    # Compact enough for 80 columns: no edge padding, short headers, long values folded or cut.
+    table = Table(
+        title=f"live leases of {queue}", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1)
+    )
+    table.add_column("task id", style="bold", overflow="fold", min_width=8)
+    for name in ("att", "held", "ends in", "recl", "fail"):
         table.add_column(name, justify="right", no_wrap=True)
-    table.add_column("progress", overflow="ellipsis", max_width=24)
+    table.add_column("holder", overflow="fold", min_width=14, max_width=24)
+    table.add_column("progress", overflow="ellipsis", no_wrap=True, min_width=8, max_width=16)
     for info in leases:
         shown = progress[info.task_id]
         table.add_row(
@@ -307,7 +314,62 @@ def inspect(queue: str, limit: int, as_json: bool, url: str) -> None:
             _seconds(info.expires_in),
             str(info.reclaims),
             str(info.failures),
+            "-" if info.holder is None else escape(info.holder),
             "-" if shown is None else escape(orjson.dumps(shown).decode()),
+        )
+    console.print(table)
+
+
+# -- workers ------------------------------------------------------------------------------------
+
+
+def _worker_json(w: WorkerInfo, now: float) -> dict[str, JSON]:
+    return {
+        "id": w.id,
+        "host": w.host,
+        "pid": w.pid,
+        "queues": list(w.queues),
+        "concurrency": w.concurrency,
+        "started": w.started,
+        "last_beat": w.beat_at,
+        "last_beat_age": now - w.beat_at,
+        "expires_in": w.expires_at - now,
+        "tasks": list(w.tasks),
+    }
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@backend_option
+@reports_errors
+def workers(as_json: bool, url: str) -> None:
+    """Live workers of the store: id, host and pid, queues, concurrency, uptime, last heartbeat
+    and the tasks in their hands. A worker that died is listed until its entry's TTL lapses."""
+    with _closing(open_queue(url, must_exist=True)) as q:
+        listed = q.workers()
+        now = q.backend.now()
+    if as_json:
+        print_json([_worker_json(w, now) for w in listed])
+        return
+    if not listed:
+        console.print("no live workers")
+        return
+    table = Table(title="live workers", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1))
+    table.add_column("worker", style="bold", overflow="fold", min_width=12, max_width=28)
+    table.add_column("queues", overflow="fold", min_width=6, max_width=16)
+    for name in ("conc", "up", "beat", "held"):
+        table.add_column(name, justify="right", no_wrap=True)
+    table.add_column("tasks", overflow="ellipsis", no_wrap=True, min_width=6, max_width=18)
+    for w in listed:
+        started = w.started
+        table.add_row(
+            escape(w.id),
+            escape(",".join(w.queues)) or "-",
+            str(w.concurrency),
+            "-" if started is None else _seconds(max(0.0, time.time() - started)),
+            _seconds(now - w.beat_at),
+            str(len(w.tasks)),
+            escape(" ".join(w.tasks)) or "-",
         )
     console.print(table)
 

@@ -40,13 +40,13 @@ BATCH = 1000
 @backend_option
 @reports_errors
 def purge(queue: str, older_than: str, state: str, as_json: bool, url: str) -> None:
-    """Delete the done (or dead) tasks of QUEUE that finished longer ago than --older-than.
+    """Delete the done (dead, cancelled) tasks of QUEUE that finished longer ago than --older-than.
 
     Their ids and dedup keys are free again. Workers purge on their own after the queue's
-    retention (7 days done, 30 days dead, by default).
+    retention (7 days done, 30 days dead or cancelled, by default).
     """
     seconds = parse_age(older_than)
-    which: FinishedState = "dead" if state == FINISHED[1] else "done"
+    which: FinishedState = next(s for s in FINISHED if s == state)  # click checked the choice
     q = open_queue(url, must_exist=True)
     total = 0
     try:

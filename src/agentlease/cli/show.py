@@ -34,6 +34,7 @@ def task_json(task: Task, now: float) -> dict[str, JSON]:
         "id": task.id,
         "queue": task.queue,
         "state": task.state,
+        "cancel_reason": task.cancel_reason,
         "priority": task.priority,
         "attempt": task.attempt,
         "failures": task.failures,
@@ -54,6 +55,7 @@ def task_json(task: Task, now: float) -> dict[str, JSON]:
         "checkpoint": task.checkpoint,
         "result": task.result,
         "error": task.error,
+        "attempts": [a.to_dict() for a in task.attempts],
     }
 
 
@@ -68,7 +70,8 @@ def _text(value: JSON) -> str:
 @reports_errors
 def show(task_id: str, as_json: bool, url: str) -> None:
     """Everything the store knows about TASK_ID: state, attempts, times, payload, progress,
-    checkpoint, result, and its last error with the end of its traceback."""
+    checkpoint, result, its last error with the end of its traceback, and its last attempts
+    (worker, start, duration, outcome)."""
     with _closing(open_queue(url, must_exist=True)) as q:
         task = q.get(task_id)
         now = q.backend.now()
@@ -80,7 +83,7 @@ def show(task_id: str, as_json: bool, url: str) -> None:
     table.add_column("value", overflow="fold")
     rows = [
         ("queue", task.queue),
-        ("state", task.state),
+        ("state", f"{task.state} (cancel requested)" if task.cancel_requested else task.state),
         ("attempt", f"{task.attempt} ({task.failures} failed, {task.reclaims} reclaimed)"),
         ("priority", str(task.priority)),
         ("partition", task.partition or "-"),
@@ -108,6 +111,36 @@ def show(task_id: str, as_json: bool, url: str) -> None:
     for name, value in rows:
         table.add_row(name, escape(value))
     console.print(table)
+    if task.attempts:
+        console.print(_attempts_table(task, now))
     if isinstance(error, dict) and isinstance(error.get("traceback"), str):
         console.print("traceback (its end):", style="bold")
         console.print(error["traceback"], markup=False, highlight=False, soft_wrap=True)
+
+
+def _attempts_table(task: Task, now: float) -> Table:
+    """The task's last attempts, oldest first (fits 80 columns: long worker ids fold)."""
+    table = Table(
+        title=f"attempts (last {len(task.attempts)})",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        padding=(0, 1),
+    )
+    table.add_column("#", justify="right", no_wrap=True)
+    table.add_column("worker", overflow="fold", min_width=10, max_width=28)
+    table.add_column("started (UTC)", no_wrap=True)
+    table.add_column("ran", justify="right", no_wrap=True)
+    table.add_column("outcome", overflow="fold", min_width=8)
+    for a in task.attempts:
+        ran = (a.ended if a.ended is not None else now) - a.started
+        outcome = a.outcome or "running"
+        if a.error and a.outcome != "timed_out":
+            outcome = f"{outcome} ({a.error})"
+        table.add_row(
+            str(a.attempt),
+            escape(a.worker or "-"),
+            time.strftime("%m-%d %H:%M:%S", time.gmtime(a.started)),
+            f"{max(0.0, ran):.1f}s",
+            escape(outcome),
+        )
+    return table

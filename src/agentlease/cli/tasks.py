@@ -32,7 +32,7 @@ def _when(at: float | None, now: float) -> str:
     type=click.Choice(get_args(ListedState)),
     default="queued",
     show_default=True,
-    help="queued: claim order; leased: soonest expiry first; done, dead: newest first.",
+    help="queued: claim order; leased: soonest expiry first; done, dead, cancelled: newest first.",
 )
 @click.option("--limit", type=click.IntRange(1, 10_000), default=50, show_default=True)
 @click.option("--cursor", help="Where to start: the cursor the previous page printed.")

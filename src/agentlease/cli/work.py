@@ -8,7 +8,7 @@ import os
 import random
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import click
@@ -57,6 +57,17 @@ def load_handler(spec: str) -> Handler:
         raise WorkerError(f"handler {spec!r} is a {type(target).__name__}, not a function")
     handler: Handler = target  # the worker tells sync from async
     return handler
+
+
+def _instrument() -> Callable[[], None]:
+    """Instrument the process for ``--otel``; the function returned flushes the exporters."""
+    try:
+        from agentlease.otel import instrument_from_env
+    except ImportError as exc:
+        raise WorkerError(
+            f"--otel needs OpenTelemetry ({exc}); install it with: pip install 'agentlease[otel]'"
+        ) from exc
+    return instrument_from_env()
 
 
 @contextmanager
@@ -170,6 +181,12 @@ def _connect_patiently(url: str, *, give_up_after: float | None) -> Backend:
     help="Seconds between this worker's purges (0: it purges nothing).",
 )
 @click.option("--verbose", "-v", is_flag=True, help="Also log every claim and completion.")
+@click.option(
+    "--otel",
+    is_flag=True,
+    help="Report metrics and traces through OpenTelemetry (the otel extra), configured by the "
+    "OTEL_* environment variables.",
+)
 @reports_errors
 def worker(
     handler_spec: str,
@@ -190,6 +207,7 @@ def worker(
     dead_retention: str,
     purge_every: float,
     verbose: bool,
+    otel: bool,
 ) -> None:
     """Run MODULE:FUNCTION on the tasks of --queue until SIGTERM or SIGINT (or, with --burst,
     until the queue is empty).
@@ -205,6 +223,10 @@ def worker(
     --max-lease caps a lease however often it is extended; --progress-timeout stops extending a
     lease whose handler reports no progress for that long, so a stuck one is reaped.
 
+    --otel reports spans and metrics through OpenTelemetry's global providers; with the
+    OpenTelemetry SDK installed and no provider set, the OTEL_* environment variables configure
+    them (OTEL_TRACES_EXPORTER, OTEL_METRICS_EXPORTER, OTEL_SERVICE_NAME, ...).
+
     An unreachable store is logged and retried with backoff; a store that refuses the worker
     for good (authentication, permission, TLS, a missing or newer schema) ends it with status 2,
     and so does, with --burst, a store unreachable for a whole lease.
@@ -214,6 +236,7 @@ def worker(
     free again), idempotency keys past their window and expired locks, budgets and breakers.
     """
     handler = load_handler(handler_spec)
+    stop_otel = _instrument() if otel else None
     settings = WorkerSettings(
         concurrency=concurrency,
         batch=not no_batch,
@@ -250,3 +273,5 @@ def worker(
             log.info("worker stopped after %d jobs", processed)
     finally:
         queue.close()
+        if stop_otel is not None:
+            stop_otel()  # the last spans and metrics are exported before the exit

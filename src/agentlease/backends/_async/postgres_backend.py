@@ -3,7 +3,7 @@
 Atomicity: every primitive is ONE SQL statement (named in ``sql/postgres.sql``) on a pooled
 connection in autocommit mode, so each is its own transaction and one round trip:
 
-* ``claim`` calls ``agentlease_claim_context()`` (``sql/postgres_migrations``), which in one
+* ``claim`` calls ``agentlease_claim_holder()`` (``sql/postgres_migrations``), which in one
   transaction promotes due tasks, reaps expired leases, picks up to ``n`` ready tasks (``FOR
   UPDATE SKIP LOCKED`` + ``LIMIT``) and leases them with one ``UPDATE ... RETURNING``; each step
   sees the one before, so the task a claim reaps goes to the front and this same claim may lease
@@ -21,12 +21,22 @@ connection in autocommit mode, so each is its own transaction and one round trip
   parks a task of a busy partition; a trigger starts the next one inside the statement that
   makes a task done or dead. Whoever decides whether a partition is busy takes its advisory
   lock first.
+* cancellation (migration ``0009_cancel``): ``cancel`` is one call of ``agentlease_cancel()``; a
+  live lease gets ``cancel_reason``, which every holder write requires to be NULL, and
+  ``agentlease_extend`` (the holder's next heartbeat) or ``agentlease_reap`` ends it cancelled;
+  ``delete_queue`` is one call of ``agentlease_delete_queue()`` per bounded batch.
 * task contexts (migration ``0008_task_context``): a ``context`` JSON column written by enqueue
   only, returned by claim (in each job), get, dead and fail.
 * retention: ``purge_tasks`` is one ``DELETE`` of the oldest done (or dead) tasks of a queue
   through the partial indexes ``agentlease_tasks_done`` and ``agentlease_tasks_dead`` on
   ``(queue, finished_at)``, which exist since the first migration: tasks finished before
   purging existed are indexed like any other, and no migration was needed.
+* lease holders, attempt histories and live workers (migration ``0011_workers``): the claim
+  writes its holder into each leased row; two triggers record an attempt when a claim raises
+  ``attempt`` and end it when a lease ends (complete, fail, release, a reap), inside that
+  statement, in ``agentlease_attempts`` (the last 20 per task; ``get`` reads them). A worker's
+  entry is one row of ``agentlease_workers``, written (with a sweep of lapsed rows) by one
+  statement.
 * idempotency keys (migration ``0002_keys``) are one function call or statement each, in
   :mod:`.postgres_keys`; results and errors are ``bytea``, kept as the client's bytes.
 * versioned records, bounded counters and lock sets (migration ``0003_state``) are one function
@@ -61,6 +71,7 @@ from agentlease._cursor import Key
 from agentlease._policy.lease import lost_reason
 from agentlease._records import (
     STATES,
+    Cancellation,
     Enqueued,
     FinishedState,
     Job,
@@ -72,6 +83,8 @@ from agentlease._records import (
     QueueStats,
     Reaped,
     Task,
+    WorkerInfo,
+    reason_of,
     renewed_leases,
 )
 from agentlease.backends import _postgres_driver as pg
@@ -91,6 +104,8 @@ from agentlease.backends.base import Backend
 from agentlease.errors import (
     BackendUnavailable,
     LeaseLost,
+    QueueInUse,
+    TaskCancelled,
     UnknownQueue,
     UnknownTask,
 )
@@ -122,6 +137,8 @@ _LISTINGS: dict[tuple[str, bool], str] = {
     ("done", True): "list_done_after",
     ("dead", False): "list_dead",
     ("dead", True): "list_dead_after",
+    ("cancelled", False): "list_cancelled",
+    ("cancelled", True): "list_cancelled_after",
 }
 """The named query of each listing: (state, from a cursor)."""
 
@@ -230,7 +247,11 @@ class AsyncPostgresBackend(PostgresKeys, PostgresState):
         rows = await self._fetch(Q["fence_state"], {"id": lease.task_id})
         if not rows:
             return UnknownTask(lease.task_id)
-        attempt, state, token, live = rows[0]
+        attempt, state, token, live, cancel_reason = rows[0]
+        if cancel_reason is not None and state in ("leased", "cancelled"):
+            return TaskCancelled(
+                lease.task_id, cancel_reason, attempt=lease.attempt, current_attempt=attempt
+            )
         reason = lost_reason(state, token == lease.token, bool(live))
         return LeaseLost(lease.task_id, lease.attempt, attempt, state, reason=reason)
 
@@ -388,7 +409,7 @@ class AsyncPostgresBackend(PostgresKeys, PostgresState):
             rows = await self._fetch(Q["fail_retry"], params)
         if not rows:
             raise await self._lost(lease)
-        return task(rows[0])
+        return task(rows[0][:21])  # fail_retry's 22nd column is its notification
 
     async def release(self, lease: Lease, front: bool) -> None:
         params = self._fence(lease)
@@ -429,13 +450,28 @@ class AsyncPostgresBackend(PostgresKeys, PostgresState):
     async def queues(self) -> list[str]:
         return [name for (name,) in await self._fetch(Q["queues"])]
 
+    async def cancel(self, task_id: str, reason: str, error_json: bytes) -> Cancellation:
+        params = {"id": task_id, "reason": reason, "error": error_json}
+        rows = await self._fetch(Q["cancel"], params)
+        if not rows:
+            raise UnknownTask(task_id)
+        ((outcome, state, error),) = rows
+        return Cancellation(task_id, outcome, state, reason_of(error))
+
+    async def delete_queue(self, queue: str, limit: int, force: bool) -> tuple[int, bool]:
+        params = {"queue": queue, "limit": limit, "force": force}
+        ((deleted, gone, leased),) = await self._fetch(Q["delete_queue"], params)
+        if leased:
+            raise QueueInUse(queue, leased)
+        return deleted, gone
+
     async def inspect(self, queue: str, limit: int) -> list[LeaseInfo]:
         rows = await self._fetch(Q["inspect"], {"queue": queue, "limit": limit})
         if not rows:
             raise UnknownQueue(queue)
         return [
-            LeaseInfo(task_id, attempt, now - leased_at, expires_at - now, reclaims, failures)
-            for now, task_id, attempt, leased_at, expires_at, reclaims, failures in rows
+            LeaseInfo(task_id, attempt, now - leased_at, expires_at - now, reclaims, failures, who)
+            for now, task_id, attempt, leased_at, expires_at, reclaims, failures, who in rows
             if task_id is not None
         ]
 
@@ -465,7 +501,7 @@ class AsyncPostgresBackend(PostgresKeys, PostgresState):
         older_than: float,
         limit: int,
     ) -> int:
-        query = Q["purge_done"] if state == "done" else Q["purge_dead"]
+        query = Q[f"purge_{state}"]
         return await self._write(query, {"queue": queue, "older_than": older_than, "limit": limit})
 
     async def list_tasks(
@@ -491,6 +527,18 @@ class AsyncPostgresBackend(PostgresKeys, PostgresState):
         last = rows[limit - 1]
         key: Key = [last[3], last[21], last[0]] if state == "queued" else [last[22], last[0]]
         return page, key
+
+    async def register_worker(self, worker_id: str, info_json: bytes, ttl: float) -> float:
+        params = {"id": worker_id, "info": info_json, "ttl": ttl}
+        ((expires_at,),) = await self._fetch(Q["worker_register"], params)
+        return float(expires_at)
+
+    async def workers(self) -> list[WorkerInfo]:
+        rows = await self._fetch(Q["workers"])
+        return [WorkerInfo(w, bytes(info), beat, until) for w, info, beat, until in rows]
+
+    async def unregister_worker(self, worker_id: str) -> bool:
+        return await self._write(Q["worker_unregister"], {"id": worker_id}) == 1
 
     async def wait_for_work(self, queue: str, timeout: float) -> None:
         """Return when ``queue`` is notified (LISTEN/NOTIFY) or after ``timeout`` seconds."""
@@ -538,6 +586,7 @@ def _claim_params(queue: str, n: int, terms: LeaseTerms) -> dict[str, Any]:
         "max_total": terms.max_total,
         "progress_timeout": terms.progress_timeout,
         "front": terms.reap_front,
+        "holder": terms.holder,
     }
 
 
@@ -547,9 +596,9 @@ def _claimed(queue: str, rows: Sequence[Any]) -> tuple[list[Job], list[Reaped]]:
     reaped: list[Reaped] = []
     for task_id, outcome, token, attempt, payload, checkpoint, *rest in rows:
         if outcome is None:
-            priority, failures, reclaims, leased_at, expires_at, rank, context = rest
+            priority, failures, reclaims, leased_at, expires_at, rank, context, run_at = rest
             lease = Lease(task_id, queue, token, attempt, leased_at, expires_at)
-            job = Job(lease, payload, checkpoint, priority, failures, reclaims, context)
+            job = Job(lease, payload, checkpoint, priority, failures, reclaims, context, run_at)
             ranked.append((rank, job))
         else:
             reaped.append(Reaped(task_id, queue, attempt, outcome))

@@ -34,6 +34,23 @@ ids, and the next purge of the queue returns them once more, so ids a client tha
 the steps never freed are freed then; an id re-enqueued to the same queue between the two steps
 gets its entry back.
 
+Attempts and workers. The scripts that claim or end a lease record the task's attempt in the
+queue's hash ``{<prefix>:<queue>}:a`` in that same script (the holder a claim names is the
+worker of its attempt; ``inspect`` reads it there). Live workers are one hash and one zset under
+the hash tag ``{<prefix>:workers}`` (one shard), each primitive one script.
+
+Cancellation. ``cancel`` is one script on the task's queue (found through ``<prefix>:ids``); a
+live lease becomes an internal state, ``CANCELLING`` (shown as leased), which no holder write's
+fence passes; its next ``extend`` or the reaper ends it cancelled. The reason lives in the task's
+error (written by the cancel), so a refused write reads it back for
+:class:`~agentlease.errors.TaskCancelled`. ``delete_queue`` deletes a bounded batch of a queue's
+tasks per script, and every key of the queue with its last batch; the ids of each batch then
+leave ``<prefix>:ids`` and, at the end, the queue leaves ``<prefix>:queues`` (other slots).
+The key layout stays at version 1 (old records read the same), but the two new states are
+unknown to an agentlease without cancellation: once tasks are cancelled, such clients must no
+longer use the store (their reads of a cancelled task fail, and their reaper drops an expired
+``CANCELLING`` lease from the index, leaving it for a later ``cancel`` of the task to end).
+
 Version. Before its first call a backend reads ``<prefix>:layout``, the key layout's version
 (written on first use), and refuses a store written by a newer agentlease with
 :class:`~agentlease.errors.SchemaTooNew`; see :mod:`.redis_layout`.
@@ -50,6 +67,7 @@ import redis.backoff
 from agentlease import _cursor
 from agentlease._cursor import Key
 from agentlease._records import (
+    Cancellation,
     Enqueued,
     FinishedState,
     Job,
@@ -61,6 +79,8 @@ from agentlease._records import (
     QueueStats,
     Reaped,
     Task,
+    WorkerInfo,
+    reason_of,
 )
 from agentlease.backends import _redis_tls, _redis_url
 from agentlease.backends._sync.redis_keys import RedisKeys
@@ -76,8 +96,10 @@ from agentlease.backends.lua import (
     reaped_from,
     store_time,
     task_from,
+    worker_keys,
+    workers_from,
 )
-from agentlease.errors import LeaseLost, UnknownQueue, UnknownTask
+from agentlease.errors import LeaseLost, QueueInUse, TaskCancelled, UnknownQueue, UnknownTask
 
 __all__ = ["RedisBackend"]
 
@@ -130,8 +152,25 @@ class RedisBackend(RedisKeys, RedisState):
         reply = self._link.script(name, keys, args, retry=True)
         refusal = _refusal(lease, reply)
         if refusal is not None:
-            raise refusal
+            raise self._with_reason(refusal)
         return reply
+
+    def _with_reason(self, refusal: LeaseLost | UnknownTask) -> LeaseLost | UnknownTask:
+        """A TaskCancelled refusal with the task's cancel reason (read after the refused
+        write: it is kept in the task's error, which nothing changes once it is cancelled)."""
+        if not isinstance(refusal, TaskCancelled):
+            return refusal
+        try:
+            task = self.get(refusal.task_id)
+        except UnknownTask:
+            return refusal
+        reason = reason_of(task.error_json) or refusal.reason
+        return TaskCancelled(
+            refusal.task_id,
+            reason,
+            attempt=refusal.attempt,
+            current_attempt=refusal.current_attempt,
+        )
 
     # -- primitives -----------------------------------------------------------------------------
 
@@ -197,7 +236,7 @@ class RedisBackend(RedisKeys, RedisState):
         seconds, micros, expires, jobs, reaped = self._link.script(
             "claim",
             queue_keys(self._prefix, queue).claim,
-            (claim_terms(n, terms, CAP), tokens),
+            (claim_terms(n, terms, CAP), tokens, terms.holder or ""),
             retry=False,
         )
         now = store_time(seconds, micros)
@@ -262,7 +301,8 @@ class RedisBackend(RedisKeys, RedisState):
         out: list[LeaseLost | UnknownTask | None] = [None] * len(items)
         for positions, group in zip(by_queue.values(), replies, strict=True):
             for i, reply in zip(positions, group, strict=True):
-                out[i] = _refusal(items[i][0], reply)
+                refusal = _refusal(items[i][0], reply)
+                out[i] = None if refusal is None else self._with_reason(refusal)
         return out
 
     def complete_and_claim(
@@ -323,6 +363,8 @@ class RedisBackend(RedisKeys, RedisState):
         oldest = None if reply[7] is None else max(0.0, now - float(reply[7]))
         if reply[8]:
             counts["parked"] = reply[8]
+        if len(reply) > 10 and reply[10]:
+            counts["cancelled"] = reply[10]
         hot = reply[9]  # partition, minus its parked tasks: most first, ties by name
         hot_partitions = tuple(
             (hot[i].decode(), -int(float(hot[i + 1]))) for i in range(0, len(hot), 2)
@@ -340,6 +382,21 @@ class RedisBackend(RedisKeys, RedisState):
         if reply is None:
             raise UnknownQueue(queue)
         return lease_infos_from(reply)
+
+    def register_worker(self, worker_id: str, info_json: bytes, ttl: float) -> float:
+        keys = worker_keys(self._prefix)
+        reply = self._link.script(
+            "workers_register", keys, (worker_id, info_json, repr(float(ttl))), retry=True
+        )
+        return float(reply)
+
+    def workers(self) -> list[WorkerInfo]:
+        reply = self._link.script("workers_list", worker_keys(self._prefix), (), retry=True)
+        return workers_from(reply)
+
+    def unregister_worker(self, worker_id: str) -> bool:
+        keys = worker_keys(self._prefix)
+        return bool(self._link.script("workers_unregister", keys, (worker_id,), retry=True))
 
     def dead(self, queue: str, limit: int) -> list[Task]:
         reply = self._link.script(
@@ -376,15 +433,13 @@ class RedisBackend(RedisKeys, RedisState):
     ) -> int:
         keys = queue_keys(self._prefix, queue)
         args = (state, older_than, limit, _nonce())
-        purged, previous = self._link.script(
-            "purge", keys.purge_done if state == "done" else keys.purge_dead, args, retry=True
-        )
+        purged, previous = self._link.script("purge", keys.purge[state], args, retry=True)
         freed = [*purged, *previous]  # the previous batch again: its client may have died
         if not freed:
             return 0
         # Step 2: free the ids in the global index (another slot). An id enqueued again to this
         # queue between the two steps has a task again: its entry is put back.
-        tasks = keys.purge_done[0]
+        tasks = keys.purge[state][0]
         replies = self._link.many(
             [("HDEL", self._ids, *freed), *(("HEXISTS", tasks, i) for i in freed)]
         )
@@ -408,6 +463,34 @@ class RedisBackend(RedisKeys, RedisState):
         if not reply[0] or not tasks:
             return tasks, None
         return tasks, [reply[-2].decode(), tasks[-1].id]
+
+    def cancel(self, task_id: str, reason: str, error_json: bytes) -> Cancellation:
+        queue = self._link.command("HGET", self._ids, task_id)
+        if queue is not None:
+            keys = queue_keys(self._prefix, queue.decode()).cancel
+            reply = self._link.script("cancel", keys, (task_id, error_json), retry=True)
+            if reply[0] != b"unknown":
+                outcome, state = reply[0].decode(), reply[1].decode()
+                return Cancellation(task_id, outcome, state, reason_of(reply[2]))
+        raise UnknownTask(task_id)
+
+    def delete_queue(self, queue: str, limit: int, force: bool) -> tuple[int, bool]:
+        keys = queue_keys(self._prefix, queue).delete_queue
+        # Not resent after a lost reply: a resend would delete another batch, and the ids of the
+        # first would stay in the ids hash.
+        reply = self._link.script("delete_queue", keys, (limit, _flag(force)), retry=False)
+        if reply[0] == b"busy":
+            raise QueueInUse(queue, reply[1])
+        ids = reply[1:]
+        calls: list[Call] = [
+            ("HDEL", self._ids, *ids[i : i + 1000]) for i in range(0, len(ids), 1000)
+        ]
+        gone = reply[0] == b"gone"
+        if gone:
+            calls.append(("SREM", self._queues, queue))
+        if calls:
+            self._link.many(calls)
+        return len(ids), gone
 
     def close(self) -> None:
         self._link.close()
@@ -433,4 +516,8 @@ def _refusal(lease: Lease, reply: Any) -> LeaseLost | UnknownTask | None:
     if reply[0] == b"unknown":
         return UnknownTask(lease.task_id)
     _, attempt, state, reason = reply
+    if state == b"cancelled":  # the reason is read by the caller (see _with_reason)
+        return TaskCancelled(
+            lease.task_id, "cancelled", attempt=lease.attempt, current_attempt=attempt
+        )
     return LeaseLost(lease.task_id, lease.attempt, attempt, state.decode(), reason=reason.decode())

@@ -26,7 +26,13 @@ on one Redis Cluster shard and every script is given all the keys it touches:
 ``{p:q}:e``                 hash: task id -> last error JSON, when set
 ``{p:q}:x``                 hash: task id -> its context JSON (root task, deadline), for the
                             tasks enqueued with one; absent while no task of the queue had one
-``{p:q}:n``                 hash: the sequence counter, the count of failed tasks (the
+``{p:q}:a``                 hash: task id -> its attempt history, a JSON array of its last 20
+                            attempts (number, worker, started, ended, outcome, error type),
+                            written by the scripts that claim or end a lease (see
+                            ``attempt_open`` in ``_lib.lua``); the worker of a live lease's
+                            attempt is its holder
+``{p:q}:n``                 hash: the sequence counter, the counts of failed and of
+                            cancelled tasks (the
                             other counts are sizes of hashes and ZSETs: ``stats`` is O(1)),
                             and ``wake``: a time no later than any score of ``:w`` and any
                             lease's in ``:l``, before which claim need not search them
@@ -79,6 +85,10 @@ on one Redis Cluster shard and every script is given all the keys it touches:
                             the expired)
 ``{p:locks}:fence``         hash: lock name -> last fencing token (kept: tokens only rise)
 ``{p:locks}:freed``         hash: lock name -> request nonce of the release that freed it last
+``{p:workers}:info``        hash: worker id -> its registration (JSON), and ``{p:workers}:ttl``
+                            zset: worker id -> when its entry lapses (both under one hash tag,
+                            so ``workers_*`` scripts touch one shard; lapsed entries are not
+                            listed, and ``workers_register`` deletes them)
 =========================== ================================================================
 
 A queued task with a small payload costs about 500 bytes of Redis memory in all (its record,
@@ -111,6 +121,9 @@ from agentlease._records import (
     StateRecord,
     Task,
     TaskState,
+    WorkerInfo,
+    attempts_from_json,
+    reason_of,
 )
 
 __all__ = [
@@ -137,6 +150,8 @@ __all__ = [
     "state_record_from",
     "store_time",
     "task_from",
+    "worker_keys",
+    "workers_from",
 ]
 
 NAMES = (
@@ -156,6 +171,8 @@ NAMES = (
     "dead",
     "purge",
     "list",
+    "cancel",
+    "delete_queue",
     "key_reserve",
     "key_extend",
     "key_complete",
@@ -177,6 +194,9 @@ NAMES = (
     "retry_budget",
     "breaker_admit",
     "breaker_record",
+    "workers_register",
+    "workers_list",
+    "workers_unregister",
 )
 # Files of helpers, in the order their sections are prepended.
 LIBS = ("_lib.lua", "_keys.lua", "_state.lua")
@@ -347,9 +367,10 @@ class QueueKeys:
     stats: tuple[str, ...]
     inspect: tuple[str, ...]
     dead: tuple[str, ...]
-    purge_done: tuple[str, ...]
-    purge_dead: tuple[str, ...]
+    purge: dict[str, tuple[str, ...]]
     listing: dict[str, tuple[str, ...]]
+    cancel: tuple[str, ...]
+    delete_queue: tuple[str, ...]
 
 
 @lru_cache(maxsize=4096)
@@ -360,27 +381,39 @@ def queue_keys(prefix: str, queue: str) -> QueueKeys:
     pb, pk, ph = tag + "pb", tag + "pk", tag + "ph"  # partitions: busy, parked, hot
     x = tag + "x"  # task contexts
     f = tag + "f"  # done tasks by finished_at
+    a = tag + "a"  # attempt histories
+    z = tag + "z"  # cancelled tasks by finished_at
     return QueueKeys(
         enqueue=(t, p, n, q, w, i, k, pb, pk, ph, x),
-        claim=(t, p, c, e, n, q, w, i, d, pb, pk, ph, x),
-        extend=(t, n, i),
-        complete=(t, r, i, n, q, w, pb, pk, ph, f),
-        complete_many=(t, r, i, n, q, w, pb, pk, ph, f),
-        fail=(t, p, r, g, c, e, n, i, w, d, q, pb, pk, ph, x),
-        release=(t, n, i, q),
+        claim=(t, p, c, e, n, q, w, i, d, pb, pk, ph, x, a, z),
+        extend=(t, n, i, q, w, pb, pk, ph, a, z),
+        complete=(t, r, i, n, q, w, pb, pk, ph, a, f),
+        complete_many=(t, r, i, n, q, w, pb, pk, ph, a, f),
+        fail=(t, p, r, g, c, e, n, i, w, d, q, pb, pk, ph, x, a),
+        release=(t, n, i, q, a),
         progress=(t, g, c),
-        reap=(t, e, n, q, i, d, w, pb, pk, ph),
+        reap=(t, e, n, q, i, d, w, pb, pk, ph, a, z),
         requeue_dead=(t, n, q, i, d, pb, pk, ph),
-        get=(t, p, r, g, c, e, x),
+        get=(t, p, r, g, c, e, x, a),
         stats=(t, n, q, w, i, d, pk, ph),
-        inspect=(t, n, i),
+        inspect=(t, n, i, a),
         dead=(t, p, r, g, c, e, n, d, x),
-        purge_done=(t, p, r, g, c, e, x, k, n, f, f),
-        purge_dead=(t, p, r, g, c, e, x, k, n, d, f),
-        listing={
-            s: (t, p, r, g, c, e, x, z)
-            for s, z in (("queued", q), ("leased", i), ("done", f), ("dead", d))
+        purge={
+            s: (t, p, r, g, c, e, x, k, n, index, f, a)
+            for s, index in (("done", f), ("dead", d), ("cancelled", z))
         },
+        listing={
+            s: (t, p, r, g, c, e, x, index)
+            for s, index in (
+                ("queued", q),
+                ("leased", i),
+                ("done", f),
+                ("dead", d),
+                ("cancelled", z),
+            )
+        },
+        cancel=(t, e, n, q, w, i, pb, pk, ph, a, z),
+        delete_queue=(t, p, r, g, c, e, x, n, q, w, i, d, k, pb, pk, ph, a, f, z),
     )
 
 
@@ -403,8 +436,9 @@ _STATES: dict[bytes, TaskState] = {
     b"done": "done",
     b"dead": "dead",
     b"parked": "parked",
+    b"cancelled": "cancelled",
 }
-_OUTCOMES: dict[bytes, Any] = {b"requeued": "requeued", b"dead": "dead"}
+_OUTCOMES: dict[bytes, Any] = {b"requeued": "requeued", b"dead": "dead", b"cancelled": "cancelled"}
 
 
 def _time(value: bytes | None) -> float | None:
@@ -435,6 +469,8 @@ def task_from(queue: str, v: list[Any]) -> Task:
         error_json=v[17],
         partition=None if v[18] is None else v[18].decode(),
         context_json=v[19] if len(v) > 19 else None,
+        cancel_reason=reason_of(v[17]) if len(v) > 20 and v[20] else None,
+        attempts=attempts_from_json(v[21]) if len(v) > 21 else (),
     )
 
 
@@ -460,8 +496,9 @@ def jobs_from(
             v[i + 5],
             v[i + 6],
             v[i + 7],
+            float(v[i + 8]),
         )
-        for j, i in enumerate(range(0, len(v), 8))
+        for j, i in enumerate(range(0, len(v), 9))
     ]
 
 
@@ -483,8 +520,9 @@ def lease_infos_from(v: list[Any]) -> list[LeaseInfo]:
             float(v[i + 3]) - now,
             v[i + 4],
             v[i + 5],
+            None if v[i + 6] is None else v[i + 6].decode(),
         )
-        for i in range(1, len(v), 6)
+        for i in range(1, len(v), 7)
     ]
 
 
@@ -615,3 +653,21 @@ def breaker_hash(prefix: str, key: str) -> str:
 def breaker_state_from(v: list[Any]) -> BreakerState:
     """A breaker's state from ``breaker_admit.lua``'s or ``breaker_record.lua``'s reply."""
     return BreakerState(_BREAKER_STATES[v[0]], int(v[1]), int(v[2]), float(v[3]), v[4] == 1)
+
+
+# -- live workers ---------------------------------------------------------------------------------
+
+
+def worker_keys(prefix: str) -> tuple[str, str]:
+    """The keys of the worker registry under ``prefix``: the info hash and the expiry zset
+    (one hash tag, ``{prefix:workers}``: one shard on a cluster)."""
+    tag = f"{{{prefix}:workers}}:"
+    return tag + "info", tag + "ttl"
+
+
+def workers_from(v: list[Any]) -> list[WorkerInfo]:
+    """The live workers from ``workers_list.lua``'s flat reply (4 values each)."""
+    return [
+        WorkerInfo(v[i].decode(), v[i + 1], float(v[i + 2]), float(v[i + 3]))
+        for i in range(0, len(v), 4)
+    ]

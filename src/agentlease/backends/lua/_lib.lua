@@ -43,8 +43,12 @@
 -- truncated to an integer and tostring() keeps only 14 digits.
 
 -- @helper constants:
-local STATES = {'scheduled', 'queued', 'leased', 'failed', 'done', 'dead', 'parked'}
+-- CANCELLING is a lease whose task a cancel was asked for: shown as leased, but no holder write
+-- passes the fence (it requires LEASED), and its next extend or the reaper makes it CANCELLED.
+local STATES = {'scheduled', 'queued', 'leased', 'failed', 'done', 'dead', 'parked', 'cancelled',
+                'leased'}
 local SCHEDULED, QUEUED, LEASED, FAILED, DONE, DEAD, PARKED = 1, 2, 3, 4, 5, 6, 7
+local CANCELLED, CANCELLING = 8, 9
 -- Positions in the record. Absent values are false (a nil would cut the array short). The loader
 -- (agentlease.backends.lua) writes these names into the scripts as the numbers they stand for:
 -- as locals, every helper that used them would capture them as upvalues, and a script's helpers
@@ -158,6 +162,11 @@ end
 -- instead of lost.
 local function refusal(state, attempt, held, req, token, nonce)
   if nonce and req == nonce then return {'replayed'} end
+  -- A cancelled task: the client reads the reason (kept in the errors hash) and raises
+  -- TaskCancelled.
+  if state == CANCELLING or state == CANCELLED then
+    return {'lost', attempt, 'cancelled', 'cancelled'}
+  end
   local reason
   if state ~= LEASED then
     reason = 'task is ' .. STATES[state]
@@ -224,17 +233,84 @@ local function unpark(K, part, now)
   save(K.tasks, id, rec)
 end
 
--- @helper reap: load save zrem make_ready unpark
+-- @helper attempt_open: fmt
+-- A task's attempt history is one field of the queue's hash {prefix:queue}:a: a JSON array
+-- (cjson) of its last 20 attempts, oldest first, each an object: attempt, worker (absent when the
+-- claim named none), started, and once it ended: ended, outcome, error (the error's type, for a
+-- failure); times as fmt() strings. A claim opens an attempt.
+local function attempt_open(hist, id, attempt, worker, now)
+  local raw = redis.call('HGET', hist, id)
+  local list = {}
+  if raw then list = cjson.decode(raw) end
+  local entry = {attempt = attempt, started = fmt(now)}
+  if worker ~= '' then entry.worker = worker end
+  list[#list + 1] = entry
+  if #list > 20 then table.remove(list, 1) end
+  redis.call('HSET', hist, id, cjson.encode(list))
+end
+
+-- @helper attempt_close: fmt
+-- End the running attempt numbered attempt of a task (nothing if its history has none): outcome
+-- done, failed (err: the error's type, or false), released or expired.
+local function attempt_close(hist, id, attempt, now, outcome, err)
+  local raw = redis.call('HGET', hist, id)
+  if not raw then return end
+  local list = cjson.decode(raw)
+  local last = list[#list]
+  if last and last.attempt == attempt and not last.ended then
+    last.ended = fmt(now)
+    last.outcome = outcome
+    if err then last.error = err end
+    redis.call('HSET', hist, id, cjson.encode(list))
+  end
+end
+
+-- @helper error_type:
+-- The type of a recorded error (JSON {"type": ..., "message": ...}), or false.
+local function error_type(err)
+  local ok, value = pcall(cjson.decode, err)
+  if ok and type(value) == 'table' and type(value.type) == 'string' then return value.type end
+  return false
+end
+
+-- @helper end_cancelled: save unpark attempt_close
+-- A task whose cancel was asked for (its error already stored) ends cancelled: out of the index
+-- (the caller's job when it took it out already), counted in the counters' 'cancelled', its
+-- partition freed as a completion frees it, and its running attempt (if a lease was live) ended
+-- as cancelled; it joins the cancelled ZSET by finished time (for purging). rec is saved here.
+-- K holds counters, tasks, busy, parked, hot, attempts, cancelled.
+local function end_cancelled(K, id, rec, now)
+  if rec[F_STATE] == CANCELLING or rec[F_STATE] == LEASED then
+    attempt_close(K.attempts, id, rec[F_ATTEMPT], now, 'cancelled', false)
+  end
+  rec[F_STATE] = CANCELLED
+  rec[F_FINISHED] = now
+  rec[F_TOKEN] = false
+  rec[F_EXPIRES] = false
+  redis.call('HINCRBY', K.counters, 'cancelled', 1)
+  redis.call('ZADD', K.cancelled, now, id)
+  save(K.tasks, id, rec)
+  if rec[F_PART] then unpark(K, rec[F_PART], now) end
+end
+
+-- @helper reap: load save zrem make_ready unpark attempt_close end_cancelled
 -- Requeue (or dead-letter, past max_reclaims) the expired leases ids (read by the caller from
--- the index, oldest expiry first, at most a cap of them). Appends id, attempt, outcome to out
--- for each. K holds the keys: tasks, errors, counters, ready, waiting, index, dead, busy,
--- parked, hot.
+-- the index, oldest expiry first, at most a cap of them); an expired lease whose task a cancel
+-- was asked for ends cancelled, never requeued. Appends id, attempt, outcome to out for each,
+-- and ends each lease's attempt as expired (or cancelled). K holds the keys: tasks, errors,
+-- counters, ready, waiting, index, dead, busy, parked, hot, attempts, cancelled.
 local function reap(K, ids, now, front, out)
   zrem(K.index, ids)  -- first: a requeued task comes back into the index as a queued one
   for _, id in ipairs(ids) do
     local rec = load(K.tasks, id)
-    if rec and rec[F_STATE] == LEASED then
+    if rec and rec[F_STATE] == CANCELLING then
+      end_cancelled(K, id, rec, now)
+      out[#out + 1] = id
+      out[#out + 1] = rec[F_ATTEMPT]
+      out[#out + 1] = 'cancelled'
+    elseif rec and rec[F_STATE] == LEASED then
       local reclaims = rec[F_RECLAIMS] + 1
+      attempt_close(K.attempts, id, rec[F_ATTEMPT], now, 'expired', false)
       rec[F_RECLAIMS] = reclaims
       rec[F_TOKEN] = false
       rec[F_EXPIRES] = false
@@ -265,8 +341,8 @@ local function payload(payloads, id, rec)
 end
 
 -- @helper task_reply: fmt payload
--- Everything get() shows of a task, as one flat array (see lua.task_from). K.contexts is the
--- contexts hash.
+-- Everything get() shows of a task, as one flat array (see lua.task_from), ending with 1 when a
+-- cancel was asked for (its reason is in the error). K.contexts is the contexts hash.
 local function task_reply(K, id, rec)
   return {
     id, STATES[rec[F_STATE]], rec[F_PRIO], rec[F_ATTEMPT], rec[F_RECLAIMS], rec[F_FAILURES],
@@ -276,5 +352,6 @@ local function task_reply(K, id, rec)
     redis.call('HGET', K.checkpoints, id), redis.call('HGET', K.results, id),
     redis.call('HGET', K.errors, id), rec[F_PART] or false,
     redis.call('HGET', K.contexts, id),
+    (rec[F_STATE] == CANCELLING or rec[F_STATE] == CANCELLED) and 1 or 0,
   }
 end

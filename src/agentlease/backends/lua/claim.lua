@@ -13,25 +13,27 @@
 -- sets 'wake' again from the first of those scores, and every claim lowers it to the expiry it
 -- grants. A leased task's index entry takes the place of its queued one (see _lib.lua).
 --
--- helpers: clock save_head
+-- helpers: clock save_head attempt_open
 -- KEYS: 1 tasks, 2 payloads, 3 checkpoints, 4 errors, 5 counters, 6 ready, 7 waiting,
 --       8 index, 9 dead, 10 busy (partition -> busy tasks), 11 parked, 12 hot (partition ->
---       minus its parked tasks), 13 contexts
+--       minus its parked tasks), 13 contexts, 14 attempts (task id -> its attempt history)
 -- ARGV: 1 the terms, separated by single spaces: n, lease_for seconds, max_total seconds,
 --       progress_timeout seconds ('-' for none), reap to the front (1) or the back (0), cap on
---       promotions and on reaps; 2 n tokens of 32 characters, concatenated
+--       promotions and on reaps; 2 n tokens of 32 characters, concatenated; 3 the holder (the
+--       claiming worker's id, recorded in each task's attempt history; '' for none)
 -- Returns: {seconds, microseconds, expires_at, jobs, reaped}: now as TIME's two integers;
 --          expires_at of the leases granted, as an exact '%.17g' string (nil if none); jobs
---          flat, 8 values per job in pick order: id, attempt, payload, checkpoint (nil if none),
---          priority, failures, reclaims, context (nil if none) (the j-th job holds the j-th
---          token); reaped flat, 3 values each: id, attempt, 'requeued' | 'dead'.
+--          flat, 9 values per job in pick order: id, attempt, payload, checkpoint (nil if none),
+--          priority, failures, reclaims, context (nil if none), run_at (when the task became
+--          due, an exact '%.17g' string) (the j-th job holds the j-th token); reaped flat, 3
+--          values each: id, attempt, 'requeued' | 'dead' | 'cancelled'.
 -- A queue none of whose tasks ever had a context has no contexts hash: one EXISTS per claim,
 -- then no read per job.
 local tasks, payloads, checkpoints, counters = KEYS[1], KEYS[2], KEYS[3], KEYS[5]
 local ready, waiting, index = KEYS[6], KEYS[7], KEYS[8]
 local n, lease_for, max_total, ptimeout, front, cap =
   string.match(ARGV[1], '^(%d+) (%S+) (%S+) (%S+) ([01]) (%d+)$')
-local tokens = ARGV[2]
+local tokens, holder, attempts = ARGV[2], ARGV[3], KEYS[14]
 local now, time = clock()
 local reaped = {}
 local stored = redis.call('HGET', counters, 'wake')
@@ -59,7 +61,8 @@ if woke then
   local expired = redis.call('ZRANGEBYSCORE', index, '(0', now, 'LIMIT', 0, cap)
   if #expired > 0 then
     reap({tasks = tasks, errors = KEYS[4], counters = counters, ready = ready, waiting = waiting,
-          index = index, dead = KEYS[9], busy = KEYS[10], parked = KEYS[11], hot = KEYS[12]},
+          index = index, dead = KEYS[9], busy = KEYS[10], parked = KEYS[11], hot = KEYS[12],
+          attempts = attempts, cancelled = KEYS[15]},
          expired, now, front == '1', reaped)
   end
   -- Nothing left is due before the first of those scores (which is now or earlier when a
@@ -96,17 +99,19 @@ if count == 1 then
   -- The head of the record (the lease's values, up to the last progress), then what the job
   -- needs; the head is written back, the rest kept as it is (see save_head).
   local off, _, attempt, _, _, req, finished = cmsgpack.unpack_limit(raw, 10, 3)
-  local _, prio, failures, reclaims, checkpointed, inline = cmsgpack.unpack_limit(raw, 5, off)
+  local _, prio, failures, reclaims, checkpointed, inline, _, _, _, _, run_at =
+    cmsgpack.unpack_limit(raw, 10, off)
   attempt = attempt + 1
   save_head(tasks, id, raw, off, LEASED, attempt, string.sub(tokens, 1, 32), expires, req,
             finished, now, deadline, ptimeout, now)
   redis.call('ZADD', index, expires_s, id)
+  attempt_open(attempts, id, attempt, holder, now)
   local checkpoint = false
   if checkpointed then checkpoint = redis.call('HGET', checkpoints, id) end
   local context = false
   if redis.call('EXISTS', KEYS[13]) == 1 then context = redis.call('HGET', KEYS[13], id) end
   jobs = {id, attempt, inline or redis.call('HGET', payloads, id), checkpoint, prio, failures,
-          reclaims, context}
+          reclaims, context, string.format('%.17g', run_at)}
   return {time[1], time[2], expires_s, jobs, reaped}
 end
 -- A batch: the records are read with one HMGET and written back with one HSET, the index with
@@ -130,7 +135,8 @@ for c = 1, count, 1000 do
   for j = c, last do
     local id, raw = ids[j], raws[j - c + 1]
     local off, _, attempt, _, _, req, finished = cmsgpack.unpack_limit(raw, 10, 3)
-    local _, prio, failures, reclaims, checkpointed, inline = cmsgpack.unpack_limit(raw, 5, off)
+    local _, prio, failures, reclaims, checkpointed, inline, _, _, _, _, run_at =
+      cmsgpack.unpack_limit(raw, 10, off)
     attempt = attempt + 1
     local packed_attempt, nonce_finished
     if attempt < 128 then
@@ -149,6 +155,7 @@ for c = 1, count, 1000 do
                      .. since .. string.sub(raw, off + 1)
     scores[2 * j - 1] = expires_s
     scores[2 * j] = id
+    attempt_open(attempts, id, attempt, holder, now)
     local checkpoint = false
     if checkpointed then checkpoint = redis.call('HGET', checkpoints, id) end
     local b = #jobs
@@ -160,6 +167,7 @@ for c = 1, count, 1000 do
     jobs[b + 6] = failures
     jobs[b + 7] = reclaims
     jobs[b + 8] = contexts and redis.call('HGET', KEYS[13], id)
+    jobs[b + 9] = string.format('%.17g', run_at)
   end
 end
 for c = 1, #records, 1000 do

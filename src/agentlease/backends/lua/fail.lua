@@ -3,11 +3,11 @@
 -- after retry_in seconds (state failed), or dead-letter it (state dead). A dead task with a
 -- partition frees it, and the partition's next parked task starts if it is no longer busy.
 --
--- helpers: clock fence save task_reply lower_wake
+-- helpers: clock fence save task_reply lower_wake attempt_close error_type
 -- KEYS: 1 tasks, 2 payloads, 3 results, 4 progress, 5 checkpoints, 6 errors, 7 counters,
 --       8 index (leases by expiry, queued tasks), 9 waiting, 10 dead, 11 ready, 12 busy
 --       (partition -> busy tasks), 13 parked, 14 hot (partition -> minus its parked tasks),
---       15 contexts
+--       15 contexts, 16 attempts (task id -> its attempt history)
 -- ARGV: 1 task id, 2 token, 3 request nonce, 4 error JSON, 5 retry_in seconds ('' to dead-letter)
 -- Returns: {'ok', task...} with the task as it now stands (the values of get.lua), or
 --          {'replayed', task...} for a retry of this same request, or {'lost', current attempt,
@@ -25,6 +25,7 @@ if not rec then
   end
   return refusal
 end
+attempt_close(KEYS[16], id, rec[F_ATTEMPT], now, 'failed', error_type(err))
 rec[F_FAILURES] = rec[F_FAILURES] + 1
 rec[F_TOKEN] = false
 rec[F_EXPIRES] = false

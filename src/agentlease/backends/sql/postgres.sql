@@ -13,7 +13,9 @@
 --
 -- Holder writes are fenced by "id = $id AND token = $token AND expires_at > clock_timestamp()":
 -- a token exists only while its task is leased (constraint agentlease_tasks_token), so that is
--- "the caller's lease is the live one", matched through the primary key.
+-- "the caller's lease is the live one", matched through the primary key. They also require
+-- "cancel_reason IS NULL": a lease whose task a cancel was asked for takes no more writes (see
+-- postgres_migrations/0009_cancel.sql).
 --
 -- Idempotency keys (key_*) are fenced by "key = $key AND token = $token AND state = 'in_flight'"
 -- and the key not past its window (purge_at), with no expiry check: the token, not the clock,
@@ -80,14 +82,16 @@ FROM unnest(%(queue)s::text[], %(dedup_key)s::text[]) AS k(queue, dedup_key)
 JOIN agentlease_tasks t ON t.queue = k.queue AND t.dedup_key = k.dedup_key;
 
 -- name: claim
--- One call of agentlease_claim_context() (postgres_migrations/0008_task_context.sql;
--- agentlease_claim_ranked() of 0006_leaner_calls.sql with each job's context): the reaped leases
--- and the jobs, each job with its rank in pick order (the rows come in no order).
+-- One call of agentlease_claim_holder() (postgres_migrations/0011_workers.sql;
+-- agentlease_claim_context() of 0008_task_context.sql that writes the claim's holder and returns
+-- each job's due time): the reaped leases and the jobs, each job with its rank in pick order (the
+-- rows come in no order). The attempt history is written by the triggers of 0011_workers.sql, in
+-- this statement.
 SELECT task_id, reaped, token, attempt, payload, checkpoint, priority, failures, reclaims,
-       leased_at, expires_at, rank, context
-FROM agentlease_claim_context(
+       leased_at, expires_at, rank, context, run_at
+FROM agentlease_claim_holder(
     %(queue)s::text, %(n)s::integer, %(lease_for)s::float8, %(max_total)s::float8,
-    %(progress_timeout)s::float8, %(front)s::boolean
+    %(progress_timeout)s::float8, %(front)s::boolean, %(holder)s::text
 );
 
 -- name: reap
@@ -103,7 +107,8 @@ FROM agentlease_extend(%(id)s::text[], %(token)s::text[], %(lease_for)s::float8)
 UPDATE agentlease_tasks
 SET state = 'done', result = %(result)s::json, finished_at = clock_timestamp(), token = NULL,
     expires_at = NULL
-WHERE id = %(id)s AND token = %(token)s AND expires_at > clock_timestamp();
+WHERE id = %(id)s AND token = %(token)s AND expires_at > clock_timestamp()
+  AND cancel_reason IS NULL;
 
 -- name: complete_many
 -- One call of agentlease_complete_many() (postgres_migrations/0004_partitions.sql): each row is
@@ -119,6 +124,7 @@ WITH failed AS (
         run_at = clock_timestamp() + make_interval(secs => %(retry_in)s::float8),
         token = NULL, expires_at = NULL
     WHERE id = %(id)s AND token = %(token)s AND expires_at > clock_timestamp()
+  AND cancel_reason IS NULL
     RETURNING *
 )
 SELECT f.id, f.queue, f.state, f.priority, f.payload, f.attempt, f.reclaims, f.failures,
@@ -134,6 +140,7 @@ UPDATE agentlease_tasks
 SET state = 'dead', failures = failures + 1, error = %(error)s::json,
     finished_at = clock_timestamp(), token = NULL, expires_at = NULL
 WHERE id = %(id)s AND token = %(token)s AND expires_at > clock_timestamp()
+  AND cancel_reason IS NULL
 RETURNING id, queue, state, priority, payload, attempt, reclaims, failures, max_reclaims,
           extract(epoch FROM created_at)::float8, extract(epoch FROM run_at)::float8, dedup_key,
           extract(epoch FROM leased_at)::float8, extract(epoch FROM expires_at)::float8,
@@ -148,6 +155,7 @@ WITH released AS (
         seq = CASE WHEN %(front)s::boolean THEN agentlease_front(seq)
                    ELSE nextval('agentlease_seq') END
     WHERE id = %(id)s AND token = %(token)s AND expires_at > clock_timestamp()
+  AND cancel_reason IS NULL
     RETURNING id
 )
 SELECT count(pg_notify(%(channel)s, '')) FROM released;
@@ -156,11 +164,12 @@ SELECT count(pg_notify(%(channel)s, '')) FROM released;
 UPDATE agentlease_tasks
 SET progress = %(progress)s::json, checkpoint = coalesce(%(checkpoint)s::json, checkpoint),
     progressed_at = clock_timestamp()
-WHERE id = %(id)s AND token = %(token)s AND expires_at > clock_timestamp();
+WHERE id = %(id)s AND token = %(token)s AND expires_at > clock_timestamp()
+  AND cancel_reason IS NULL;
 
 -- name: fence_state
 -- Why a fenced write was refused: read after the refusal, in a statement of its own.
-SELECT attempt, state, token, expires_at > clock_timestamp() FROM agentlease_tasks
+SELECT attempt, state, token, expires_at > clock_timestamp(), cancel_reason FROM agentlease_tasks
 WHERE id = %(id)s;
 
 -- name: get
@@ -168,8 +177,23 @@ SELECT id, queue, state, priority, payload, attempt, reclaims, failures, max_rec
        extract(epoch FROM created_at)::float8, extract(epoch FROM run_at)::float8, dedup_key,
        extract(epoch FROM leased_at)::float8, extract(epoch FROM expires_at)::float8,
        extract(epoch FROM finished_at)::float8, progress, checkpoint, result, error, partition,
-       context
+       context, cancel_reason,
+       (SELECT json_agg(json_build_object(
+                   'attempt', a.attempt, 'worker', a.worker,
+                   'started', extract(epoch FROM a.started)::float8,
+                   'ended', extract(epoch FROM a.ended)::float8,
+                   'outcome', a.outcome, 'error', a.error) ORDER BY a.attempt)::text
+        FROM agentlease_attempts a WHERE a.task_id = %(id)s)
 FROM agentlease_tasks WHERE id = %(id)s;
+
+-- name: cancel
+-- One call of agentlease_cancel() (postgres_migrations/0009_cancel.sql).
+SELECT outcome, state, error FROM agentlease_cancel(%(id)s::text, %(reason)s::text, %(error)s::json);
+
+-- name: delete_queue
+-- One call of agentlease_delete_queue() (postgres_migrations/0009_cancel.sql): one batch.
+SELECT deleted, gone, leased
+FROM agentlease_delete_queue(%(queue)s::text, %(limit)s::integer, %(force)s::boolean);
 
 -- name: stats
 -- One statement, so one snapshot for every count; each count reads one partial index. The hot
@@ -191,6 +215,7 @@ SELECT EXISTS (SELECT 1 FROM agentlease_queues WHERE name = %(queue)s),
        (SELECT count(*) FROM agentlease_tasks WHERE queue = %(queue)s AND state = 'failed'),
        (SELECT count(*) FROM agentlease_tasks WHERE queue = %(queue)s AND state = 'done'),
        (SELECT count(*) FROM agentlease_tasks WHERE queue = %(queue)s AND state = 'dead'),
+       (SELECT count(*) FROM agentlease_tasks WHERE queue = %(queue)s AND state = 'cancelled'),
        (SELECT extract(epoch FROM c.now - min(created_at))::float8 FROM agentlease_tasks
         WHERE queue = %(queue)s AND state = 'queued'),
        array(SELECT h.partition FROM hot h ORDER BY h.n DESC, h.partition COLLATE "C"),
@@ -203,14 +228,14 @@ SELECT name FROM agentlease_queues ORDER BY name;
 -- name: inspect
 -- One row with NULLs after the first column when the queue has no live lease; none when the
 -- queue does not exist.
-SELECT q.now, l.id, l.attempt, l.leased_at, l.expires_at, l.reclaims, l.failures
+SELECT q.now, l.id, l.attempt, l.leased_at, l.expires_at, l.reclaims, l.failures, l.holder
 FROM (
     SELECT name, extract(epoch FROM clock_timestamp())::float8 AS now, clock_timestamp() AS ts
     FROM agentlease_queues WHERE name = %(queue)s
 ) q
 LEFT JOIN LATERAL (
     SELECT id, attempt, extract(epoch FROM leased_at)::float8 AS leased_at,
-           extract(epoch FROM expires_at)::float8 AS expires_at, reclaims, failures
+           extract(epoch FROM expires_at)::float8 AS expires_at, reclaims, failures, holder
     FROM agentlease_tasks
     WHERE queue = q.name AND state = 'leased' AND expires_at > q.ts
     ORDER BY expires_at, id
@@ -242,6 +267,28 @@ SELECT queue_exists, requeued
 FROM agentlease_requeue_dead(
     %(queue)s::text, %(all)s::boolean, %(ids)s::text[], %(front)s::boolean, %(channel)s::text
 );
+
+-- name: worker_register
+-- One statement: delete up to 100 lapsed entries of other workers, then write this one.
+WITH c AS MATERIALIZED (
+    SELECT clock_timestamp() AS now
+), lapsed AS (
+    DELETE FROM agentlease_workers
+    WHERE id IN (SELECT w.id FROM agentlease_workers w, c
+                 WHERE w.expires_at <= c.now AND w.id <> %(id)s LIMIT 100)
+)
+INSERT INTO agentlease_workers (id, info, beat_at, expires_at)
+SELECT %(id)s, %(info)s::json, c.now, c.now + make_interval(secs => %(ttl)s::float8) FROM c
+ON CONFLICT (id) DO UPDATE
+SET info = EXCLUDED.info, beat_at = EXCLUDED.beat_at, expires_at = EXCLUDED.expires_at
+RETURNING extract(epoch FROM expires_at)::float8;
+
+-- name: workers
+SELECT id, info, extract(epoch FROM beat_at)::float8, extract(epoch FROM expires_at)::float8
+FROM agentlease_workers WHERE expires_at > clock_timestamp() ORDER BY id COLLATE "C";
+
+-- name: worker_unregister
+DELETE FROM agentlease_workers WHERE id = %(id)s;
 
 -- name: key_reserve
 -- One call of agentlease_reserve_key() (postgres_migrations/0006_leaner_calls.sql): insert,
@@ -324,11 +371,21 @@ WITH doomed AS MATERIALIZED (
 )
 DELETE FROM agentlease_tasks t WHERE t.id = ANY (ARRAY(SELECT d.id FROM doomed d));
 
+-- name: purge_cancelled
+-- As purge_done, for cancelled tasks, through agentlease_tasks_cancelled (0009_cancel.sql).
+WITH doomed AS MATERIALIZED (
+    SELECT t.id FROM agentlease_tasks t
+    WHERE t.queue = %(queue)s AND t.state = 'cancelled'
+      AND t.finished_at <= (SELECT clock_timestamp()) - make_interval(secs => %(older_than)s::float8)
+    ORDER BY t.finished_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM agentlease_tasks t WHERE t.id = ANY (ARRAY(SELECT d.id FROM doomed d));
+
 -- name: state_purge
--- Expired retry budgets and circuit breakers, up to %(limit)s of each, in one statement. The
--- tables have no index on expires_at (migrations 0007..0009), so each DELETE reads its table in
--- physical order until it has found %(limit)s expired rows: its cost grows with the live
--- budgets and breakers (few: one per live key), never with the expired ones already deleted.
+-- Expired retry budgets and circuit breakers, up to %(limit)s of each, in one statement, each
+-- read through its expiry index (0010_retention.sql), visiting only the rows it deletes.
 -- FOR UPDATE re-checks expires_at on a row another transaction just renewed, and SKIP LOCKED
 -- passes over a row being written now.
 WITH budgets AS (
@@ -496,6 +553,42 @@ UNION ALL
        (extract(epoch FROM t.finished_at) * 1000000)::bigint AS us
 FROM agentlease_tasks t
 WHERE t.queue = %(queue)s AND t.state = 'dead' AND t.finished_at < 'epoch'::timestamptz + %(us)s::bigint * interval '1 microsecond'
+ORDER BY t.finished_at DESC, t.id DESC LIMIT %(limit)s)
+ORDER BY 23 DESC, 1 DESC LIMIT %(limit)s;
+
+-- name: list_cancelled
+SELECT t.id, t.queue, t.state, t.priority, t.payload, t.attempt, t.reclaims, t.failures,
+       t.max_reclaims, extract(epoch FROM t.created_at)::float8,
+       extract(epoch FROM t.run_at)::float8, t.dedup_key,
+       extract(epoch FROM t.leased_at)::float8, extract(epoch FROM t.expires_at)::float8,
+       extract(epoch FROM t.finished_at)::float8, t.progress, t.checkpoint, t.result, t.error,
+       t.partition, t.context, t.seq,
+       (extract(epoch FROM t.finished_at) * 1000000)::bigint AS us
+FROM agentlease_tasks t
+WHERE t.queue = %(queue)s AND t.state = 'cancelled'
+ORDER BY t.finished_at DESC, t.id DESC LIMIT %(limit)s;
+
+-- name: list_cancelled_after
+(SELECT t.id, t.queue, t.state, t.priority, t.payload, t.attempt, t.reclaims, t.failures,
+       t.max_reclaims, extract(epoch FROM t.created_at)::float8,
+       extract(epoch FROM t.run_at)::float8, t.dedup_key,
+       extract(epoch FROM t.leased_at)::float8, extract(epoch FROM t.expires_at)::float8,
+       extract(epoch FROM t.finished_at)::float8, t.progress, t.checkpoint, t.result, t.error,
+       t.partition, t.context, t.seq,
+       (extract(epoch FROM t.finished_at) * 1000000)::bigint AS us
+FROM agentlease_tasks t
+WHERE t.queue = %(queue)s AND t.state = 'cancelled' AND t.finished_at = 'epoch'::timestamptz + %(us)s::bigint * interval '1 microsecond' AND t.id < %(id)s
+ORDER BY t.id DESC LIMIT %(limit)s)
+UNION ALL
+(SELECT t.id, t.queue, t.state, t.priority, t.payload, t.attempt, t.reclaims, t.failures,
+       t.max_reclaims, extract(epoch FROM t.created_at)::float8,
+       extract(epoch FROM t.run_at)::float8, t.dedup_key,
+       extract(epoch FROM t.leased_at)::float8, extract(epoch FROM t.expires_at)::float8,
+       extract(epoch FROM t.finished_at)::float8, t.progress, t.checkpoint, t.result, t.error,
+       t.partition, t.context, t.seq,
+       (extract(epoch FROM t.finished_at) * 1000000)::bigint AS us
+FROM agentlease_tasks t
+WHERE t.queue = %(queue)s AND t.state = 'cancelled' AND t.finished_at < 'epoch'::timestamptz + %(us)s::bigint * interval '1 microsecond'
 ORDER BY t.finished_at DESC, t.id DESC LIMIT %(limit)s)
 ORDER BY 23 DESC, 1 DESC LIMIT %(limit)s;
 

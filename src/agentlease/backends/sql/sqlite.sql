@@ -9,10 +9,15 @@
 -- array (:names) read with json_each. A lock is held while it has an owner and
 -- expires_at > :now, so an expired lock is free whether or not a sweep has cleared it.
 --
+-- Cancellation (schema version 8): cancel_reason is set when a cancel is asked for, with the
+-- cancel error in error. A waiting task becomes 'cancelled' at once; a leased one keeps its
+-- state, and every holder write requires cancel_reason IS NULL, so the holder's writes are
+-- refused; its next extend (cancel_held) or the reaper (reap_cancel) makes it 'cancelled'.
+--
 -- Partitions (schema version 4): a task with a partition is stored 'parked' while its partition
 -- is busy (a task of it scheduled, queued, leased or failed). The trigger agentlease_unpark
--- starts the next parked task when a task of the partition becomes done or dead, inside the
--- statement that made it so: complete, fail, a reap past max_reclaims, whatever the path.
+-- starts the next parked task when a task of the partition becomes done, dead or cancelled,
+-- inside the statement that made it so: complete, fail, a reap, a cancel, whatever the path.
 
 -- name: schema
 -- Run statement by statement, split on semicolons: keep them out of the comments here.
@@ -46,7 +51,9 @@ CREATE TABLE IF NOT EXISTS agentlease_tasks (
     result           BLOB,
     error            BLOB,
     partition        TEXT,
-    context          BLOB
+    context          BLOB,
+    cancel_reason    TEXT,
+    holder           TEXT
 );
 -- Partial indexes: claim, promotion and reaping touch only live rows, so their cost does not grow
 -- with the number of finished tasks.
@@ -63,6 +70,9 @@ CREATE INDEX IF NOT EXISTS agentlease_dead
 -- database is upgraded, so tasks finished before the upgrade are purged like any other.
 CREATE INDEX IF NOT EXISTS agentlease_done
     ON agentlease_tasks (queue, finished_at) WHERE state = 'done';
+-- Cancelled tasks by finished time (schema version 10), for their purges and listings alike.
+CREATE INDEX IF NOT EXISTS agentlease_cancelled
+    ON agentlease_tasks (queue, finished_at) WHERE state = 'cancelled';
 CREATE UNIQUE INDEX IF NOT EXISTS agentlease_dedup
     ON agentlease_tasks (queue, dedup_key) WHERE dedup_key IS NOT NULL;
 -- Partitions (schema version 4). The busy index answers "is the partition busy" without
@@ -160,16 +170,38 @@ CREATE TABLE IF NOT EXISTS agentlease_breakers (
 CREATE INDEX IF NOT EXISTS agentlease_budgets_expiry ON agentlease_budgets (expires_at);
 CREATE INDEX IF NOT EXISTS agentlease_breakers_expiry ON agentlease_breakers (expires_at);
 
+-- Attempt history (schema version 10): one row per attempt of a task, the last 20 kept, written
+-- by the triggers agentlease_attempt_open and agentlease_attempt_close inside the statement that
+-- claims or ends the lease. Live workers: one row per worker id, listed while expires_at is
+-- ahead (register_worker deletes lapsed rows through the expiry index).
+CREATE TABLE IF NOT EXISTS agentlease_attempts (
+    task_id TEXT NOT NULL,
+    attempt INTEGER NOT NULL,
+    worker  TEXT,
+    started REAL NOT NULL,
+    ended   REAL,
+    outcome TEXT,
+    error   TEXT,
+    PRIMARY KEY (task_id, attempt)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS agentlease_workers (
+    id         TEXT PRIMARY KEY,
+    info       BLOB NOT NULL,
+    beat_at    REAL NOT NULL,
+    expires_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS agentlease_workers_expiry ON agentlease_workers (expires_at);
+
 -- name: unpark_trigger
 -- Run after the schema, as one statement (its body holds semicolons of its own).
--- A task of a partition became done or dead (from any other state): if no task of the partition
+-- A task of a partition became done, dead or cancelled (from any other state): if no task of the partition
 -- is still busy, start its oldest parked task, queued, or scheduled if its run_at is still ahead
 -- (finished_at is the statement's clock). It runs inside the statement that finished the task,
 -- so that statement and the unpark are one atomic step.
 CREATE TRIGGER IF NOT EXISTS agentlease_unpark
 AFTER UPDATE OF state ON agentlease_tasks
-WHEN NEW.partition IS NOT NULL AND NEW.state IN ('done', 'dead')
-     AND OLD.state NOT IN ('done', 'dead')
+WHEN NEW.partition IS NOT NULL AND NEW.state IN ('done', 'dead', 'cancelled')
+     AND OLD.state NOT IN ('done', 'dead', 'cancelled')
 BEGIN
     UPDATE agentlease_tasks
     SET state = CASE WHEN run_at > NEW.finished_at THEN 'scheduled' ELSE 'queued' END
@@ -181,6 +213,51 @@ BEGIN
                         AND state IN ('scheduled', 'queued', 'leased', 'failed'));
 END;
 
+-- name: attempt_open_trigger
+-- Run after the schema, as one statement. A claim raised the attempt: record it, with the
+-- holder the claim wrote and its leased_at, and drop attempts past the last 20.
+CREATE TRIGGER IF NOT EXISTS agentlease_attempt_open
+AFTER UPDATE OF attempt ON agentlease_tasks
+WHEN NEW.attempt > OLD.attempt AND NEW.state = 'leased'
+BEGIN
+    INSERT OR REPLACE INTO agentlease_attempts (task_id, attempt, worker, started)
+    VALUES (NEW.id, NEW.attempt, NEW.holder, NEW.leased_at);
+    DELETE FROM agentlease_attempts WHERE task_id = NEW.id AND attempt <= NEW.attempt - 20;
+END;
+
+-- name: attempt_close_trigger
+-- Run after the schema, as one statement. A lease ended (complete, fail, release, a reap): end
+-- its attempt, the outcome told by what the statement changed: done; a failure (failures + 1,
+-- with the error's type); a reap (reclaims + 1): expired; back to queued otherwise: released.
+-- The time is the task's finished_at when the statement finished it, else the clock now
+-- (julianday: milliseconds), never before the lease began.
+CREATE TRIGGER IF NOT EXISTS agentlease_attempt_close
+AFTER UPDATE OF state ON agentlease_tasks
+WHEN OLD.state = 'leased' AND NEW.state <> 'leased'
+BEGIN
+    UPDATE agentlease_attempts
+    SET ended = max(CASE WHEN NEW.state IN ('done', 'dead', 'cancelled') THEN NEW.finished_at
+                         ELSE 0 END,
+                    coalesce(OLD.leased_at, 0), (julianday('now') - 2440587.5) * 86400.0),
+        outcome = CASE WHEN NEW.state = 'done' THEN 'done'
+                       WHEN NEW.failures > OLD.failures THEN 'failed'
+                       WHEN NEW.reclaims > OLD.reclaims THEN 'expired'
+                       WHEN NEW.state = 'queued' THEN 'released'
+                       ELSE NEW.state END,
+        error = CASE WHEN NEW.failures > OLD.failures AND json_valid(CAST(NEW.error AS TEXT))
+                     THEN json_extract(CAST(NEW.error AS TEXT), '$.type') END
+    WHERE task_id = NEW.id AND attempt = NEW.attempt AND ended IS NULL;
+END;
+
+-- name: attempt_forget_trigger
+-- Run after the schema, as one statement. A task deleted (delete_queue, a purge) takes its
+-- attempt history with it, in the same statement.
+CREATE TRIGGER IF NOT EXISTS agentlease_attempt_forget
+AFTER DELETE ON agentlease_tasks
+BEGIN
+    DELETE FROM agentlease_attempts WHERE task_id = OLD.id;
+END;
+
 -- name: upgrade_to_4
 -- Run before the schema when a database older than version 4 is opened: the schema's indexes
 -- need the column, and CREATE TABLE IF NOT EXISTS leaves an existing table as it is.
@@ -190,6 +267,19 @@ ALTER TABLE agentlease_tasks ADD COLUMN partition TEXT;
 -- Run before the schema when a database older than version 7 is opened: a task's context (its
 -- root task and deadline, JSON kept as enqueued), NULL for the tasks it already has.
 ALTER TABLE agentlease_tasks ADD COLUMN context BLOB;
+
+-- name: upgrade_to_8
+-- Run before the schema when a database older than version 8 is opened: the cancel reason
+-- column, and the unpark trigger dropped so that the schema creates it anew (it now also fires
+-- when a task becomes cancelled). Run statement by statement, as the schema is.
+ALTER TABLE agentlease_tasks ADD COLUMN cancel_reason TEXT;
+DROP TRIGGER IF EXISTS agentlease_unpark;
+
+-- name: upgrade_to_10
+-- Run before the schema when a database older than version 10 is opened: the worker that holds
+-- each lease (NULL for the tasks already there). The schema adds the attempts and workers
+-- tables. (No semicolon in these comments: the steps are split on them.)
+ALTER TABLE agentlease_tasks ADD COLUMN holder TEXT;
 
 -- name: bump_seq
 INSERT INTO agentlease_queues (name, seq) VALUES (:queue, :count)
@@ -236,8 +326,14 @@ UPDATE agentlease_tasks SET state = 'queued'
 WHERE queue = :queue AND state IN ('scheduled', 'failed') AND run_at <= :now;
 
 -- name: expired
-SELECT id, attempt, reclaims, max_reclaims, seq FROM agentlease_tasks
+SELECT id, attempt, reclaims, max_reclaims, seq, cancel_reason FROM agentlease_tasks
 WHERE queue = :queue AND state = 'leased' AND expires_at <= :now;
+
+-- name: reap_cancel
+-- An expired lease whose task a cancel was asked for ends cancelled, never requeued.
+UPDATE agentlease_tasks
+SET state = 'cancelled', token = NULL, expires_at = NULL, finished_at = :now
+WHERE id = :id;
 
 -- name: reap_requeue
 UPDATE agentlease_tasks
@@ -254,11 +350,12 @@ WHERE id = :id;
 UPDATE agentlease_tasks
 SET state = 'leased', token = lower(hex(randomblob(16))), attempt = attempt + 1,
     leased_at = :now, expires_at = :expires_at, lease_deadline = :deadline,
-    progress_timeout = :progress_timeout, progressed_at = :now
+    progress_timeout = :progress_timeout, progressed_at = :now, holder = :holder
 WHERE id IN (SELECT id FROM agentlease_tasks
              WHERE queue = :queue AND state = 'queued'
              ORDER BY priority DESC, seq LIMIT :n)
-RETURNING id, token, attempt, payload, checkpoint, priority, failures, reclaims, seq, context;
+RETURNING id, token, attempt, payload, checkpoint, priority, failures, reclaims, seq, context,
+          run_at;
 
 -- name: extend
 -- The new expiry is agentlease._policy.lease.lease_expiry, written in SQL.
@@ -267,18 +364,29 @@ SET expires_at = min(:now + :lease_for, lease_deadline,
                      coalesce(progressed_at + progress_timeout, 1e308))
 FROM (SELECT value ->> 0 AS lid, value ->> 1 AS ltoken FROM json_each(:leases))
 WHERE id = lid AND token = ltoken AND state = 'leased' AND expires_at > :now
+  AND cancel_reason IS NULL
 RETURNING id, token, expires_at;
+
+-- name: cancel_held
+-- After an extend, the leases it did not renew whose task a cancel was asked for (held under
+-- that token): the holder is told now, and the task ends cancelled.
+UPDATE agentlease_tasks
+SET state = 'cancelled', token = NULL, expires_at = NULL, finished_at = :now
+FROM (SELECT value ->> 0 AS lid, value ->> 1 AS ltoken FROM json_each(:leases))
+WHERE id = lid AND token = ltoken AND state = 'leased' AND cancel_reason IS NOT NULL;
 
 -- name: complete
 UPDATE agentlease_tasks
 SET state = 'done', result = :result, finished_at = :now, token = NULL, expires_at = NULL
-WHERE id = :id AND token = :token AND state = 'leased' AND expires_at > :now;
+WHERE id = :id AND token = :token AND state = 'leased' AND expires_at > :now
+  AND cancel_reason IS NULL;
 
 -- name: fail_retry
 UPDATE agentlease_tasks
 SET state = 'failed', failures = failures + 1, error = :error, run_at = :now + :retry_in,
     token = NULL, expires_at = NULL
 WHERE id = :id AND token = :token AND state = 'leased' AND expires_at > :now
+  AND cancel_reason IS NULL
 RETURNING id, queue, state, priority, payload, attempt, reclaims, failures, max_reclaims,
           created_at, run_at, dedup_key, leased_at, expires_at, finished_at, progress, checkpoint,
           result, error, partition, context;
@@ -288,6 +396,7 @@ UPDATE agentlease_tasks
 SET state = 'dead', failures = failures + 1, error = :error, finished_at = :now,
     token = NULL, expires_at = NULL
 WHERE id = :id AND token = :token AND state = 'leased' AND expires_at > :now
+  AND cancel_reason IS NULL
 RETURNING id, queue, state, priority, payload, attempt, reclaims, failures, max_reclaims,
           created_at, run_at, dedup_key, leased_at, expires_at, finished_at, progress, checkpoint,
           result, error, partition, context;
@@ -296,21 +405,56 @@ RETURNING id, queue, state, priority, payload, attempt, reclaims, failures, max_
 UPDATE agentlease_tasks
 SET state = 'queued', token = NULL, expires_at = NULL,
     seq = CASE WHEN :front THEN (CASE WHEN seq >= 0 THEN seq - :offset ELSE seq END) ELSE :seq END
-WHERE id = :id AND token = :token AND state = 'leased' AND expires_at > :now;
+WHERE id = :id AND token = :token AND state = 'leased' AND expires_at > :now
+  AND cancel_reason IS NULL;
 
 -- name: progress
 UPDATE agentlease_tasks
 SET progress = :progress, checkpoint = coalesce(:checkpoint, checkpoint), progressed_at = :now
-WHERE id = :id AND token = :token AND state = 'leased' AND expires_at > :now;
+WHERE id = :id AND token = :token AND state = 'leased' AND expires_at > :now
+  AND cancel_reason IS NULL;
 
 -- name: fence_state
-SELECT attempt, state, token, expires_at FROM agentlease_tasks WHERE id = :id;
+SELECT attempt, state, token, expires_at, cancel_reason FROM agentlease_tasks WHERE id = :id;
 
 -- name: get
 SELECT id, queue, state, priority, payload, attempt, reclaims, failures, max_reclaims,
        created_at, run_at, dedup_key, leased_at, expires_at, finished_at, progress, checkpoint,
-       result, error, partition, context
+       result, error, partition, context, cancel_reason,
+       (SELECT json_group_array(json_object(
+                   'attempt', a.attempt, 'worker', a.worker, 'started', a.started,
+                   'ended', a.ended, 'outcome', a.outcome, 'error', a.error))
+        FROM (SELECT * FROM agentlease_attempts WHERE task_id = :id ORDER BY attempt) a)
 FROM agentlease_tasks WHERE id = :id;
+
+-- name: cancel_state
+SELECT state, expires_at, cancel_reason FROM agentlease_tasks WHERE id = :id;
+
+-- name: cancel_request
+-- A cancel of a live lease: flagged with its reason and error; the holder is told later.
+UPDATE agentlease_tasks SET cancel_reason = :reason, error = :error
+WHERE id = :id AND cancel_reason IS NULL;
+
+-- name: cancel_now
+-- A cancel of a waiting task, or of a lease that ran out: cancelled at once (the trigger
+-- starts its partition's next task). A reason asked for earlier is kept.
+UPDATE agentlease_tasks
+SET state = 'cancelled', token = NULL, expires_at = NULL, finished_at = :now,
+    error = CASE WHEN cancel_reason IS NULL THEN :error ELSE error END,
+    cancel_reason = coalesce(cancel_reason, :reason)
+WHERE id = :id;
+
+-- name: leased_live
+SELECT count(*) FROM agentlease_tasks
+WHERE queue = :queue AND state = 'leased' AND expires_at > :now;
+
+-- name: delete_tasks
+-- Up to :limit tasks of the queue, in no particular order.
+DELETE FROM agentlease_tasks
+WHERE rowid IN (SELECT rowid FROM agentlease_tasks WHERE queue = :queue LIMIT :limit);
+
+-- name: delete_queue
+DELETE FROM agentlease_queues WHERE name = :queue;
 
 -- name: queue_exists
 SELECT 1 FROM agentlease_queues WHERE name = :queue;
@@ -332,7 +476,7 @@ WHERE queue = :queue AND state = 'parked'
 GROUP BY partition ORDER BY n DESC, partition LIMIT 5;
 
 -- name: inspect
-SELECT id, attempt, leased_at, expires_at, reclaims, failures FROM agentlease_tasks
+SELECT id, attempt, leased_at, expires_at, reclaims, failures, holder FROM agentlease_tasks
 WHERE queue = :queue AND state = 'leased' AND expires_at > :now
 ORDER BY expires_at, id LIMIT :limit;
 
@@ -488,6 +632,42 @@ SELECT id, queue, state, priority, payload, attempt, reclaims, failures, max_rec
        result, error, partition, context, seq
 FROM agentlease_tasks INDEXED BY agentlease_dead
 WHERE queue = :queue AND state = 'dead' AND finished_at < :at
+ORDER BY finished_at DESC, id DESC LIMIT :limit
+)
+ORDER BY 15 DESC, 1 DESC LIMIT :limit;
+
+-- name: purge_cancelled
+-- As purge_done, for cancelled tasks, through the agentlease_cancelled index.
+DELETE FROM agentlease_tasks WHERE id IN (
+    SELECT id FROM agentlease_tasks INDEXED BY agentlease_cancelled
+    WHERE queue = :queue AND state = 'cancelled' AND finished_at <= :cutoff
+    ORDER BY finished_at LIMIT :limit
+);
+
+-- name: list_cancelled
+SELECT id, queue, state, priority, payload, attempt, reclaims, failures, max_reclaims,
+       created_at, run_at, dedup_key, leased_at, expires_at, finished_at, progress, checkpoint,
+       result, error, partition, context, seq
+FROM agentlease_tasks INDEXED BY agentlease_cancelled
+WHERE queue = :queue AND state = 'cancelled'
+ORDER BY finished_at DESC, id DESC LIMIT :limit;
+
+-- name: list_cancelled_after
+SELECT * FROM (
+SELECT id, queue, state, priority, payload, attempt, reclaims, failures, max_reclaims,
+       created_at, run_at, dedup_key, leased_at, expires_at, finished_at, progress, checkpoint,
+       result, error, partition, context, seq
+FROM agentlease_tasks INDEXED BY agentlease_cancelled
+WHERE queue = :queue AND state = 'cancelled' AND finished_at = :at AND id < :id
+ORDER BY id DESC LIMIT :limit
+)
+UNION ALL
+SELECT * FROM (
+SELECT id, queue, state, priority, payload, attempt, reclaims, failures, max_reclaims,
+       created_at, run_at, dedup_key, leased_at, expires_at, finished_at, progress, checkpoint,
+       result, error, partition, context, seq
+FROM agentlease_tasks INDEXED BY agentlease_cancelled
+WHERE queue = :queue AND state = 'cancelled' AND finished_at < :at
 ORDER BY finished_at DESC, id DESC LIMIT :limit
 )
 ORDER BY 15 DESC, 1 DESC LIMIT :limit;
@@ -719,3 +899,21 @@ UPDATE agentlease_locks SET owner = NULL, expires_at = NULL
 WHERE name IN (SELECT name FROM agentlease_locks
                WHERE owner IS NOT NULL AND expires_at <= :now
                ORDER BY expires_at LIMIT :limit);
+
+-- name: worker_sweep
+-- At most 100 lapsed entries, through the expiry index.
+DELETE FROM agentlease_workers
+WHERE id IN (SELECT id FROM agentlease_workers WHERE expires_at <= :now LIMIT 100);
+
+-- name: worker_register
+INSERT INTO agentlease_workers (id, info, beat_at, expires_at)
+VALUES (:id, :info, :now, :expires_at)
+ON CONFLICT (id) DO UPDATE
+SET info = excluded.info, beat_at = excluded.beat_at, expires_at = excluded.expires_at;
+
+-- name: workers
+SELECT id, info, beat_at, expires_at FROM agentlease_workers
+WHERE expires_at > :now ORDER BY id;
+
+-- name: worker_unregister
+DELETE FROM agentlease_workers WHERE id = :id;

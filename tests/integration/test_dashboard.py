@@ -1,0 +1,381 @@
+"""The web dashboard over HTTP, on every store: pages show what the store holds, every dynamic
+text is escaped, writes need the token and a request from the dashboard itself, and a store
+that cannot be reached gives a page with a banner (503), not a stack trace."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("starlette", reason="the dashboard extra is not installed")
+httpx = pytest.importorskip("httpx", reason="httpx (the test extra) is not installed")
+
+import agentlease as al  # noqa: E402
+from agentlease._records import STATES  # noqa: E402
+from agentlease.dashboard import create_app  # noqa: E402
+from agentlease.dashboard._app import COOKIE  # noqa: E402
+
+Q = "emails"
+TOKEN = "s3cret-token"
+SITE = "http://dashboard.test"
+LIVE = 60.0
+EVIL = "<script>alert('x')</script>"
+
+
+@asynccontextmanager
+async def client(
+    app_factory: Callable[[], object],
+) -> AsyncIterator[httpx.AsyncClient]:
+    app = app_factory()
+    async with (
+        app.router.lifespan_context(app),  # type: ignore[attr-defined]
+        httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url=SITE) as c,  # type: ignore[arg-type]
+    ):
+        yield c
+
+
+def counts_of(html: str, queue: str) -> dict[str, int]:
+    row = re.search(rf'<tr data-queue="{re.escape(queue)}">(.*?)</tr>', html, re.S)
+    assert row is not None, html
+    return {s: int(n) for s, n in re.findall(r'data-state="(\w+)">(\d+)<', row.group(1))}
+
+
+def fill(q: al.Queue) -> dict[str, str]:
+    """Three queued, one leased, two dead (one with a traceback): their ids by role."""
+    ids = [e.task_id for e in q.enqueue_many(Q, [{"to": EVIL}, "b", "c", "d", "e", "f"])]
+    leased, dead1, dead2 = q.claim(Q, 3, lease_for=LIVE)
+    q.progress(leased.lease, {"step": EVIL})
+    try:
+        raise ValueError(f"bad address {EVIL}")
+    except ValueError as exc:
+        q.fail(dead1.lease, exc, retry_in=None)
+    q.fail(dead2.lease, "gave up", retry_in=None)
+    return {
+        "first": ids[0],
+        "leased": leased.task_id,
+        "dead1": dead1.task_id,
+        "dead2": dead2.task_id,
+    }
+
+
+async def test_pages_show_the_store_and_escape_everything(store) -> None:
+    q = store.queue()
+    ids = fill(q)
+    async with client(lambda: create_app(queue=store.aqueue)) as c:
+        page = await c.get("/")
+        assert page.status_code == 200
+        assert counts_of(page.text, Q) == {s: q.stats(Q).counts.get(s, 0) for s in STATES}
+        assert counts_of(page.text, Q)["queued"] == 3
+        assert counts_of(page.text, Q)["leased"] == 1
+        assert counts_of(page.text, Q)["dead"] == 2
+        assert "done/min" in page.text
+        assert "measured by this dashboard" in page.text
+
+        page = await c.get(f"/queues/{Q}")
+        assert page.status_code == 200
+        leases = page.text.split('id="leases"')[1].split("</table>")[0]
+        assert ids["leased"] in leases
+        holder = getattr(q.inspect(Q)[0], "holder", None)
+        assert f'<td class="name">{holder or "-"}</td>' in leases
+        dead = page.text.split('id="dead"')[1].split("</table>")[0]
+        assert ids["dead1"] in dead
+        assert ids["dead2"] in dead
+        assert "ValueError: bad address &lt;script&gt;" in dead
+        assert "requeue" not in dead  # read-only: no buttons
+
+        page = await c.get(f"/tasks/{ids['dead1']}")
+        assert page.status_code == 200
+        assert "traceback (its end)" in page.text
+        assert "raise ValueError(f&#34;bad address {EVIL}&#34;)" in page.text
+
+        page = await c.get(f"/tasks/{ids['leased']}")
+        assert '<pre id="progress">' in page.text
+        page = await c.get(f"/tasks/{ids['first']}")
+        assert "&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt;" in page.text
+
+        for path in ("/", f"/queues/{Q}", *(f"/tasks/{i}" for i in ids.values())):
+            page = await c.get(path)
+            assert "<script" not in page.text, path
+            assert "default-src 'none'" in page.headers["content-security-policy"]
+            assert "frame-ancestors 'none'" in page.headers["content-security-policy"]
+            assert page.headers["x-frame-options"] == "DENY"
+            assert page.headers["cache-control"] == "no-store"
+
+
+async def test_unknown_names_are_404_and_bad_names_400(store) -> None:
+    store.queue().enqueue(Q, "x")
+    async with client(lambda: create_app(queue=store.aqueue)) as c:
+        page = await c.get("/queues/nope")
+        assert page.status_code == 404
+        assert "no queue named" in page.text
+        page = await c.get("/tasks/no-such-task")
+        assert page.status_code == 404
+        page = await c.get("/queues/bad%20name")
+        assert page.status_code == 400
+        assert 'class="banner error"' in page.text
+
+
+async def test_an_empty_store_says_so(store) -> None:
+    async with client(lambda: create_app(queue=store.aqueue)) as c:
+        page = await c.get("/")
+        assert page.status_code == 200
+        assert "no queues yet" in page.text
+
+
+async def test_a_read_only_dashboard_refuses_every_write(store) -> None:
+    q = store.queue()
+    ids = fill(q)
+    async with client(lambda: create_app(queue=store.aqueue)) as c:
+        for headers in ({"origin": SITE}, {"origin": SITE, "authorization": f"Bearer {TOKEN}"}):
+            r = await c.post(f"/queues/{Q}/requeue", data={"all": "1"}, headers=headers)
+            assert r.status_code == 403
+            assert "read-only" in r.text
+        r = await c.post("/login", data={"token": TOKEN}, headers={"origin": SITE})
+        assert r.status_code == 403
+    assert {t.id for t in q.dead(Q)} == {ids["dead1"], ids["dead2"]}
+
+
+async def test_requeue_needs_the_token_and_a_request_from_the_dashboard(store) -> None:
+    q = store.queue()
+    ids = fill(q)
+    form = {"task_id": ids["dead1"]}
+    async with client(lambda: create_app(queue=store.aqueue, token=TOKEN)) as c:
+        refused = [
+            {"origin": SITE},  # no token
+            {"origin": SITE, "authorization": "Bearer wrong"},
+            {"origin": SITE, "authorization": f"Bearer {TOKEN}x"},
+            {"origin": "http://evil.test", "authorization": f"Bearer {TOKEN}"},
+            {"referer": "http://evil.test/page", "authorization": f"Bearer {TOKEN}"},
+            {"origin": SITE, "cookie": f"{COOKIE}={TOKEN}"},  # the token is not the session
+        ]
+        for headers in refused:
+            r = await c.post(f"/queues/{Q}/requeue", data=form, headers=headers)
+            assert r.status_code == 403, headers
+        assert len(q.dead(Q)) == 2
+
+        # The page offers a log-in that comes back to it, not buttons.
+        page = await c.get(f"/queues/{Q}")
+        assert f'<a href="/login?next=/queues/{Q}">log in</a> to requeue' in page.text
+        assert 'class="requeue"' not in page.text
+        page = await c.get(f"/tasks/{ids['dead1']}")
+        assert 'id="requeue"' not in page.text
+
+        # A script: the token in a header, no Origin needed.
+        r = await c.post(
+            f"/queues/{Q}/requeue", data=form, headers={"authorization": f"Bearer {TOKEN}"}
+        )
+        assert r.status_code == 303
+        assert r.headers["location"] == f"/queues/{Q}?requeued=1"
+        assert q.get(ids["dead1"]).state == "queued"
+        page = await c.get(r.headers["location"])
+        assert "requeued 1 dead tasks" in page.text
+
+
+async def test_a_browser_session_logs_in_and_requeues_one_then_all(store) -> None:
+    q = store.queue()
+    ids = fill(q)
+    q.fail(q.claim(Q, lease_for=LIVE)[0].lease, "third", retry_in=None)
+    async with client(lambda: create_app(queue=store.aqueue, token=TOKEN)) as c:
+        r = await c.post("/login", data={"token": "wrong", "next": "/"}, headers={"origin": SITE})
+        assert r.status_code == 403
+        assert "wrong token" in r.text
+        assert COOKIE not in c.cookies
+        r = await c.post(
+            "/login", data={"token": TOKEN, "next": "/"}, headers={"origin": "http://evil.test"}
+        )
+        assert r.status_code == 403
+        assert COOKIE not in c.cookies
+
+        r = await c.post(
+            "/login",
+            data={"token": TOKEN, "next": f"/queues/{Q}"},
+            headers={"origin": SITE},
+        )
+        assert r.status_code == 303
+        assert r.headers["location"] == f"/queues/{Q}"
+        cookie = r.headers["set-cookie"]
+        assert "httponly" in cookie.lower()
+        assert "samesite=strict" in cookie.lower()
+        assert TOKEN not in cookie
+
+        page = await c.get(f"/queues/{Q}")
+        assert 'id="requeue-all"' in page.text
+        assert page.text.count('class="requeue"') == 3
+        page = await c.get(f"/tasks/{ids['dead1']}")
+        assert 'id="requeue"' in page.text
+        page = await c.get(f"/tasks/{ids['leased']}")
+        assert 'id="requeue"' not in page.text
+
+        # The cookie alone is not enough: a post from another site is refused.
+        r = await c.post(
+            f"/queues/{Q}/requeue", data={"all": "1"}, headers={"origin": "http://evil.test"}
+        )
+        assert r.status_code == 403
+        r = await c.post(f"/queues/{Q}/requeue", data={"all": "1"})  # no Origin, no Referer
+        assert r.status_code == 403
+        assert len(q.dead(Q)) == 3
+
+        r = await c.post(
+            f"/queues/{Q}/requeue", data={"task_id": ids["dead2"]}, headers={"origin": SITE}
+        )
+        assert r.status_code == 303
+        assert q.get(ids["dead2"]).state == "queued"
+        r = await c.post(
+            f"/queues/{Q}/requeue", data={"all": "1"}, headers={"referer": f"{SITE}/queues/{Q}"}
+        )
+        assert r.status_code == 303
+        assert r.headers["location"] == f"/queues/{Q}?requeued=2"
+        assert q.dead(Q) == []
+        assert q.stats(Q).counts.get("queued") == 5
+
+        r = await c.post(f"/queues/{Q}/requeue", data={}, headers={"origin": SITE})
+        assert r.status_code == 400  # neither ids nor all
+
+        r = await c.post("/logout", headers={"origin": SITE})
+        assert r.status_code == 303
+        r = await c.post(f"/queues/{Q}/requeue", data={"all": "1"}, headers={"origin": SITE})
+        assert r.status_code == 403
+
+
+async def test_log_in_goes_back_only_to_a_page_of_the_dashboard(store) -> None:
+    async with client(lambda: create_app(queue=store.aqueue, token=TOKEN)) as c:
+        for nxt in ("https://evil.test/", "//evil.test/", "/\\evil.test"):
+            r = await c.post("/login", data={"token": TOKEN, "next": nxt}, headers={"origin": SITE})
+            assert r.status_code == 303
+            assert r.headers["location"] == "/"
+
+
+async def test_a_store_that_cannot_be_read_gives_a_banner_not_a_stack_trace(
+    tmp_path: Path,
+) -> None:
+    missing = tmp_path / "nowhere.db"
+    async with client(lambda: create_app(f"sqlite:///{missing}")) as c:
+        page = await c.get("/")
+        assert page.status_code == 503
+        assert 'class="banner error"' in page.text
+        assert "the store cannot be read" in page.text
+        assert "Traceback" not in page.text
+    assert not missing.exists()  # not created by the dashboard
+
+
+async def test_a_store_that_goes_away_gives_a_banner_and_comes_back(tmp_path: Path) -> None:
+    path = tmp_path / "q.db"
+    q = al.Queue(al.connect(f"sqlite:///{path}"))
+    q.enqueue(Q, "x")
+    q.close()
+    async with client(lambda: create_app(f"sqlite:///{path}")) as c:
+        assert (await c.get("/")).status_code == 200
+        path.rename(tmp_path / "elsewhere.db")
+        for suffix in ("-wal", "-shm"):
+            if Path(f"{path}{suffix}").exists():
+                Path(f"{path}{suffix}").rename(tmp_path / f"elsewhere.db{suffix}")
+        page = await c.get("/")
+        assert page.status_code in (200, 503)  # an open connection may still read the file
+        (tmp_path / "elsewhere.db").rename(path)
+        page = await c.get("/")
+        assert page.status_code == 200
+        assert counts_of(page.text, Q)["queued"] == 1
+
+
+async def test_an_unreachable_redis_gives_a_banner() -> None:
+    pytest.importorskip("redis", reason="the redis extra is not installed")
+    async with client(lambda: create_app("redis://127.0.0.1:1/0?connect_timeout=1")) as c:
+        page = await c.get("/")
+    assert page.status_code == 503
+    assert "the store cannot be read" in page.text
+    assert "Traceback" not in page.text
+
+
+async def test_requests_to_another_host_name_are_refused(store) -> None:
+    app = lambda: create_app(queue=store.aqueue, allowed_hosts=["127.0.0.1", "localhost"])  # noqa: E731
+    async with client(app) as c:
+        r = await c.get("/")
+        assert r.status_code == 400  # dashboard.test is not an allowed host
+
+
+def test_the_options_are_checked() -> None:
+    with pytest.raises(al.InvalidInput):
+        create_app()
+    with pytest.raises(al.InvalidInput):
+        create_app("memory://", token="")
+    with pytest.raises(al.InvalidInput):
+        create_app("memory://", refresh=-1)
+
+
+def test_without_the_extra_the_command_names_it() -> None:
+    code = (
+        "import sys\n"
+        "sys.modules['starlette'] = None\n"
+        "sys.argv = ['agentlease', 'dashboard', '--backend', 'memory://']\n"
+        "from agentlease.cli import main\n"
+        "main()\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert out.returncode == 2, out.stderr
+    assert "pip install 'agentlease[dashboard]'" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_the_command_refuses_a_missing_sqlite_file(tmp_path: Path) -> None:
+    missing = tmp_path / "typo.db"
+    out = subprocess.run(
+        [sys.executable, "-m", "agentlease", "dashboard", "--backend", f"sqlite:///{missing}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 2, out.stderr
+    assert "no SQLite database" in out.stderr
+    assert not missing.exists()
+
+
+async def test_task_ids_with_any_allowed_character_have_working_links(store) -> None:
+    q = store.queue()
+    odd = "tenant/a+b=c@d:e.f_g-h"
+    q.enqueue(Q, "x", id=odd)
+    q.claim(Q, lease_for=LIVE)
+    async with client(lambda: create_app(queue=store.aqueue)) as c:
+        page = await c.get(f"/queues/{Q}")
+        (link,) = re.findall(r'<a href="(/tasks/[^"]+)">', page.text)
+        task = await c.get(link.replace("&amp;", "&"))
+        assert task.status_code == 200
+        assert f"<h1>task {odd}</h1>" in task.text
+
+
+async def test_mounted_under_a_path_its_links_and_writes_stay_under_it(store) -> None:
+    from starlette.applications import Starlette
+    from starlette.routing import Mount
+
+    q = store.queue()
+    ids = fill(q)
+    inner = create_app(queue=store.aqueue, token=TOKEN)
+
+    def outer() -> Starlette:
+        mount = Mount("/ops/dash", app=inner)
+        return Starlette(routes=[mount], lifespan=inner.router.lifespan_context)
+
+    async with client(outer) as c:
+        page = await c.get("/ops/dash/")
+        assert page.status_code == 200
+        assert f'href="/ops/dash/queues/{Q}"' in page.text
+        page = await c.get(f"/ops/dash/queues/{Q}")
+        assert f'href="/ops/dash/tasks/{ids["dead1"]}"' in page.text
+        login = {"token": TOKEN, "next": f"/queues/{Q}"}
+        r = await c.post("/ops/dash/login", data=login, headers={"origin": SITE})
+        assert r.status_code == 303
+        assert r.headers["location"] == f"/ops/dash/queues/{Q}"
+        r = await c.post(
+            f"/ops/dash/queues/{Q}/requeue", data={"all": "1"}, headers={"origin": SITE}
+        )
+        assert r.status_code == 303
+        assert r.headers["location"] == f"/ops/dash/queues/{Q}?requeued=2"
+    assert q.dead(Q) == []
