@@ -26,6 +26,7 @@ __all__ = [
     "CancelOutcome",
     "Cancellation",
     "Enqueued",
+    "FinishedState",
     "Job",
     "KeyHold",
     "KeyRecord",
@@ -33,6 +34,7 @@ __all__ = [
     "Lease",
     "LeaseInfo",
     "LeaseTerms",
+    "ListedState",
     "LockBusy",
     "NewTask",
     "QueueStats",
@@ -69,8 +71,17 @@ STATES: tuple[TaskState, ...] = (
     "dead",
     "cancelled",
 )
-FINISHED: tuple[TaskState, ...] = ("done", "dead", "cancelled")
+FinishedState = Literal["done", "dead", "cancelled"]
+"""The states a task ends in, and is purged from after its retention."""
+
+FINISHED: tuple[FinishedState, ...] = ("done", "dead", "cancelled")
 """The terminal states: nothing moves a task out of them but ``requeue_dead`` (dead only)."""
+
+ListedState = Literal["queued", "leased", "done", "dead", "cancelled"]
+"""The states whose tasks can be listed page by page, each through an index of its own."""
+
+LISTED: tuple[ListedState, ...] = ("queued", "leased", "done", "dead", "cancelled")
+
 BUSY: tuple[TaskState, ...] = ("scheduled", "queued", "leased", "failed")
 """The states that keep a task's partition busy: its later tasks stay parked meanwhile."""
 

@@ -61,6 +61,7 @@ REDIS_CLIENT = (
     "hget",
     "hset",
     "hdel",
+    "hexists",  # after a purge: which freed ids were enqueued again meanwhile
     "sadd",  # <prefix>:queues
     "smembers",
     "srem",  # <prefix>:queues, when a queue is deleted
@@ -81,6 +82,7 @@ REDIS_SCRIPTS = (
     "hlen",
     "hmget",
     "hrandfield",  # delete_queue: a batch of a queue's tasks
+    "hscan",  # purge.lua: the one-off index of a queue's done tasks of key layout 1
     "hset",
     "incrby",
     "pexpireat",
@@ -108,15 +110,15 @@ REDIS_CLUSTER = ("cluster|slots", "command")
 WORKER_TABLES: dict[str, tuple[str, ...]] = {
     "agentlease_migrations": ("SELECT",),  # the schema's version, checked on connect
     "agentlease_queues": ("SELECT", "INSERT", "UPDATE", "DELETE"),  # DELETE: delete_queue
-    "agentlease_tasks": ("SELECT", "INSERT", "UPDATE", "DELETE"),
+    "agentlease_tasks": ("SELECT", "INSERT", "UPDATE", "DELETE"),  # DELETE: retention
     "agentlease_keys": ("SELECT", "INSERT", "UPDATE", "DELETE"),
     "agentlease_records": ("SELECT", "INSERT", "UPDATE"),
     "agentlease_record_fields": ("SELECT", "INSERT", "UPDATE", "DELETE"),
     "agentlease_counters": ("SELECT", "INSERT", "UPDATE"),
     "agentlease_counter_holds": ("SELECT", "INSERT", "UPDATE", "DELETE"),
     "agentlease_locks": ("SELECT", "INSERT", "UPDATE"),
-    "agentlease_budgets": ("SELECT", "INSERT", "UPDATE"),
-    "agentlease_breakers": ("SELECT", "INSERT", "UPDATE"),
+    "agentlease_budgets": ("SELECT", "INSERT", "UPDATE", "DELETE"),  # DELETE: purge_state
+    "agentlease_breakers": ("SELECT", "INSERT", "UPDATE", "DELETE"),
     # Attempt histories, written by the triggers of migration 11 inside the worker's own
     # statements (old attempts deleted past the last 20), and the live workers' entries.
     "agentlease_attempts": ("SELECT", "INSERT", "UPDATE", "DELETE"),

@@ -8,9 +8,22 @@ from agentlease._codec import DEFAULT_MAX_BYTES
 from agentlease._policy.retry import RetryPolicy
 from agentlease._records import LeaseTerms
 from agentlease._validate import duration, integer, non_negative, optional_duration
-from agentlease.errors import WorkerError
+from agentlease.errors import RetentionTooShort, WorkerError
 
-__all__ = ["IdempotencySettings", "QueueSettings", "WorkerSettings", "heartbeat_interval"]
+__all__ = [
+    "MIN_RETENTION",
+    "IdempotencySettings",
+    "QueueSettings",
+    "WorkerSettings",
+    "heartbeat_interval",
+]
+
+MIN_RETENTION = 60.0
+"""The shortest retention of finished tasks a queue accepts (seconds), and never less than the
+lease: a worker whose final write's reply was lost reads the task back to see whether the write
+was applied (``FinalWrites._applied``), for as long as it holds the lease, so the record must
+outlive that check. ``AsyncQueue.purge`` takes any ``older_than`` (0 too: tests, soaks and
+administrators who know no worker is running)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -26,6 +39,12 @@ class QueueSettings:
         max_reclaims: expiries a task survives; one more dead-letters it with the reason.
         reap_front: reaped tasks go to the front of their priority (``False``: to the back).
         max_payload_bytes: the largest encoded payload, result, progress value or checkpoint.
+        done_retention: seconds a done task (and its result) is kept after it finished; then
+            workers purge it, freeing its id and its dedup key: a task's dedup window is its
+            retention. At least :data:`MIN_RETENTION` and ``lease_for``, else
+            :class:`~agentlease.errors.RetentionTooShort`.
+        dead_retention: the same for dead letters and cancelled tasks (default 30 days: time to
+            look at them and requeue the dead ones).
     """
 
     lease_for: float = 30.0
@@ -34,9 +53,16 @@ class QueueSettings:
     max_reclaims: int = 5
     reap_front: bool = True
     max_payload_bytes: int = DEFAULT_MAX_BYTES
+    done_retention: float = 7 * 86_400.0
+    dead_retention: float = 30 * 86_400.0
 
     def __post_init__(self) -> None:
         duration(self.lease_for, "lease_for")
+        floor = max(MIN_RETENTION, self.lease_for)
+        for what in ("done_retention", "dead_retention"):
+            given = duration(getattr(self, what), what)
+            if given < floor:
+                raise RetentionTooShort(what, given, floor)
         duration(self.max_lease, "max_lease")
         optional_duration(self.progress_timeout, "progress_timeout")
         integer(self.max_reclaims, "max_reclaims", low=0, high=1_000_000)
@@ -109,6 +135,13 @@ class WorkerSettings:
             ``timeout`` of their own (``None``: no limit). Past it an async handler is
             cancelled, a sync one sees ``ctx.cancelled`` (its result is not accepted), and the
             attempt fails with :class:`~agentlease.errors.TaskTimeout`, retried per ``retry``.
+        purge_every: seconds between this worker's rounds of purging (``None``: it purges
+            nothing): done and dead tasks of its queue past the queue's retention, idempotency
+            keys past their window, expired lock leases, retry budgets and circuit breakers.
+            Every round is bounded batches, each one atomic step; several workers purging the
+            same store share the work.
+        purge_batch: the most tasks (or keys, ...) one purge step deletes (1 to 10,000); a
+            round takes up to 10 full batches of each kind, then waits for the next.
     """
 
     concurrency: int = 1
@@ -120,8 +153,12 @@ class WorkerSettings:
     heartbeat_interval: float | None = None
     seed: int | None = None
     task_timeout: float | None = None
+    purge_every: float | None = 60.0
+    purge_batch: int = 1000
 
     def __post_init__(self) -> None:
+        optional_duration(self.purge_every, "purge_every")
+        integer(self.purge_batch, "purge_batch", low=1, high=10_000)
         integer(self.concurrency, "concurrency", low=1, high=10_000)
         optional_duration(self.task_timeout, "task_timeout")
         if self.prefetch is not None:

@@ -59,6 +59,11 @@ cancelled and has unwound. A sync handler still running on its thread keeps its 
 expires and is reaped as after a crash (its late writes are refused). A second signal skips the
 rest of the grace period and ends the run within about a second. Every signal is logged.
 
+Retention. Unless ``purge_every`` is ``None``, the worker purges on a timer, beside its claim
+loop (:mod:`agentlease._janitor`): done and dead tasks of its queue past the queue's retention,
+idempotency keys past their window, expired lock leases, budgets and breakers; each step bounded
+and atomic. A failed round is logged and tried again at the next; it never stops the worker.
+
 Telemetry. While an exporter is installed (``agentlease.otel.instrument()``, see
 :mod:`agentlease._telemetry`), the worker reports each claim (with the task's due time, for the
 queue latency) and each handler run (its span current in the handler's context, ended with the
@@ -104,6 +109,7 @@ from agentlease._deadline import enter_work
 from agentlease._events import EventDispatcher, EventName, logger
 from agentlease._final_writes import FinalWrites
 from agentlease._heartbeat import Heartbeat, Held
+from agentlease._janitor import Janitor
 from agentlease._outage import Outage
 from agentlease._records import Job, Lease
 from agentlease._registry import Registration, new_worker_id
@@ -258,6 +264,7 @@ class AsyncWorker:
             )
             heartbeat.start()
             self._heartbeat = heartbeat
+            janitor = self._janitor()
             telemetry = _telemetry.current()
             if telemetry is not None:
                 watching = asyncio.create_task(self._watch_stats(telemetry))
@@ -287,6 +294,9 @@ class AsyncWorker:
                 self._forced.set()
                 raise
             finally:
+                if janitor is not None:
+                    janitor.cancel()
+                    await asyncio.gather(janitor, return_exceptions=True)
                 if watching is not None:
                     watching.cancel()
                     # Whatever ended it, the depth gauge is never a reason for the run to fail.
@@ -305,6 +315,17 @@ class AsyncWorker:
                 resource.close()
             events.stop()
         return self.processed
+
+    def _janitor(self) -> asyncio.Task[None] | None:
+        """Start purging on a timer (see :mod:`agentlease._janitor`), unless switched off."""
+        every = self.settings.purge_every
+        if every is None:
+            return None
+        seed = None if self.settings.seed is None else self.settings.seed + 1
+        janitor = Janitor(
+            self.queue, self.name, every, self.settings.purge_batch, random.Random(seed)
+        )
+        return asyncio.create_task(janitor.run())
 
     async def _watch_stats(self, telemetry: _telemetry.Telemetry) -> None:
         """Read the queue's stats every ``stats_interval`` seconds for the depth gauge (one read

@@ -6,6 +6,7 @@ Every refusal is one of these classes, so callers can catch exactly what they me
     ├── InvalidInput (also ValueError)          bad arguments; nothing was written
     │   ├── InvalidName                         empty, too long or odd queue name / task id
     │   ├── InvalidDuration                     zero, negative or non-finite duration
+    │   │   └── RetentionTooShort               a retention below the floor (60 s, the lease)
     │   ├── InvalidURL                          malformed or unsupported backend URL
     │   ├── InvalidSchedule                     bad cron expression, misfire policy or time zone
     │   ├── MissingIdentity                     an idempotent action without a task or step id
@@ -104,6 +105,7 @@ __all__ = [
     "ReconciliationConflict",
     "ReplayedFailure",
     "ReservationLost",
+    "RetentionTooShort",
     "RetryBudgetExhausted",
     "SchemaNotMigrated",
     "SchemaTooNew",
@@ -132,6 +134,27 @@ class InvalidName(InvalidInput):
 
 class InvalidDuration(InvalidInput):
     """A duration (lease length, delay, timeout) is zero, negative or not finite."""
+
+
+class RetentionTooShort(InvalidDuration):
+    """A retention of finished tasks is shorter than its floor: the longer of 60 seconds and the
+    lease, so that a worker whose final write's reply was lost still finds the record it wrote.
+
+    Attributes:
+        what: the setting refused.
+        given: the seconds asked for.
+        floor: the shortest retention allowed.
+    """
+
+    def __init__(self, what: str, given: float, floor: float) -> None:
+        super().__init__(
+            f"{what}={given:g}s is shorter than the retention floor of {floor:g}s (the longer "
+            "of 60 s and lease_for): a worker checks a final write whose reply was lost by "
+            "reading the task back, which must still be there"
+        )
+        self.what = what
+        self.given = given
+        self.floor = floor
 
 
 class InvalidURL(InvalidInput):

@@ -202,3 +202,30 @@ def test_redis_prefix_used_by_something_else_is_refused(redis_url: str, raw: Any
     finally:
         backend.close()
     assert not isinstance(info.value, SchemaTooNew)
+
+
+def test_redis_layout_1_done_tasks_are_indexed_and_purged(redis_url: str, raw: Any) -> None:
+    """A store of layout 1 (done tasks in no index): a layout-2 client moves the number to 2,
+    and its purges of done tasks index the old ones in bounded steps, then purge them."""
+    prefix = _prefix(redis_url)
+    with al.Queue.connect(redis_url) as q:
+        q.enqueue_many("old", list(range(7)))
+        for job in q.claim("old", 7, lease_for=30):
+            q.complete(job.lease, None)
+    # As layout 1 left it: no ZSET of done tasks, no mark of its backfill, number 1.
+    raw.delete(f"{{{prefix}:old}}:f")
+    raw.hdel(f"{{{prefix}:old}}:n", "fidx")
+    raw.set(f"{prefix}:layout", 1)
+    with al.Queue.connect(redis_url) as q:
+        purged, rounds = 0, 0
+        while q.stats("old").counts.get("done"):
+            purged += q.purge("old", older_than=0, limit=2)  # indexes up to 2 records a call
+            rounds += 1
+            assert rounds < 50
+        assert purged == 7
+        assert raw.get(f"{prefix}:layout") == str(LAYOUT).encode()
+        assert raw.hget(f"{{{prefix}:old}}:n", "fidx") == b"1"
+        q.enqueue("old", "new")
+        (job,) = q.claim("old", lease_for=30)
+        q.complete(job.lease, None)
+        assert q.purge("old", older_than=0) == 1  # indexed as it finished

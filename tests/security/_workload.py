@@ -1,7 +1,8 @@
 """Every primitive a worker, an idempotent tool and a guard send, on one store: the workload that
 tests/security/test_rights.py runs under exactly the rights ``agentlease rights`` prints.
 
-Each store primitive is called at least once, through the public API where it reaches it
+Each store primitive is called at least once (retention's ``purge_tasks`` and ``purge_state``
+too, as a worker's janitor sends them), through the public API where it reaches it
 (``Queue``, ``Idempotency``, ``SharedState``) and through the backend where only a background
 thread would (renewals, the sweep); a failure raises whatever the store's refusal became.
 """
@@ -54,6 +55,16 @@ def _queue(url: str) -> None:
             fast.reap(name)
             fast.complete_encoded_and_claim([], name, 2)
         queue.backend.wait_for_work(name, 0.05)
+        # Retention: the first purge of a queue's done tasks also indexes older ones (Redis).
+        (dead,) = queue.claim(name, n=1)
+        queue.fail(dead.lease, "for good", retry_in=None)
+        assert queue.purge(name, older_than=0) >= 1
+        assert queue.purge(name, state="dead", older_than=0) == 1
+        assert queue.enqueue(name, {"n": 1}, dedup_key="one").created  # its key was freed
+        for state in ("queued", "leased", "done", "dead"):
+            _, cursor = queue.tasks(name, state=state, limit=1)  # type: ignore[arg-type]
+            if cursor is not None:
+                queue.tasks(name, state=state, limit=1, cursor=cursor)  # type: ignore[arg-type]
         # A scheduler's pass: the store's clock, then an enqueue with an id and a dedup key.
         hourly = al.Schedule("rights", name, every=3600, grace=3600)
         (tick,) = al.Scheduler(queue, [hourly]).run_once()
@@ -172,6 +183,9 @@ def _budgets(backend: al.Backend) -> None:
     trial = backend.breaker_admit(breaker, 5, 60)
     assert trial.trial
     assert backend.breaker_record(breaker, trial.fence, True, 1, 60, 60).state == "closed"
+    backend.retry_budget(f"{budget}:short", 1, False, 0.1, 1, 0.05)
+    time.sleep(0.1)
+    backend.purge_state(100)  # what a worker's janitor sends
 
 
 def exercise(url: str) -> None:
@@ -192,6 +206,8 @@ async def exercise_async(url: str) -> None:
         worker = al.AsyncWorker(queue, "rights-async", handler)
         await worker.run(burst=True)
         assert (await queue.stats("rights-async")).counts == {"done": 1}
+        assert await queue.purge("rights-async", older_than=0) == 1  # what its janitor sends
+        await queue.backend.purge_state(100)
         assert worker.id not in [w.id for w in await queue.workers()]  # removed at the stop
         await queue.enqueue("rights-async", {"n": 2}, id=f"c-{uuid.uuid4().hex}")
         (job,) = await queue.claim("rights-async")

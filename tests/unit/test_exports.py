@@ -96,6 +96,7 @@ PUBLIC = {
     "BudgetExceeded",
     "CircuitOpen",
     "DeadlineExceeded",
+    "RetentionTooShort",
     "RetryBudgetExhausted",
     "ToolUnavailable",
     "call_timeout",

@@ -554,7 +554,10 @@ class Idempotency:
     def _maybe_purge(self) -> None:
         """Purge keys past the window every ``purge_every`` seconds of this client's use, and
         at every use while a purge finds a full batch (a backlog: a client reserving faster
-        than one batch per interval still keeps up)."""
+        than one batch per interval still keeps up). Keys are purged on a timer too, by every
+        worker on the store (``WorkerSettings.purge_every``), so a store whose clients fall
+        idle does not keep them; this client has no timer of its own (no thread of its own to
+        run one)."""
         if _clock.monotonic() - self._purged_at < self.settings.purge_every:
             return
         self._purged_at = _clock.monotonic()

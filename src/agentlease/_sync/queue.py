@@ -16,17 +16,21 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from types import TracebackType
 
-from agentlease import _clock, _telemetry
+from agentlease import _clock, _cursor, _telemetry
 from agentlease import _validate as check
 from agentlease._codec import JSON, encode
 from agentlease._deadline import current_deadline, current_root
 from agentlease._events import Event, Events
 from agentlease._records import (
+    FINISHED,
+    LISTED,
     Cancellation,
     Enqueued,
+    FinishedState,
     Job,
     Lease,
     LeaseInfo,
+    ListedState,
     NewTask,
     QueueStats,
     Reaped,
@@ -536,6 +540,75 @@ class Queue:
         return self.backend.requeue_dead(
             check.queue_name(queue), ids, check.flag(front, "front")
         )
+
+    def purge(
+        self,
+        queue: str,
+        *,
+        state: FinishedState = "done",
+        older_than: float | None = None,
+        limit: int = 1000,
+    ) -> int:
+        """Delete up to ``limit`` of the queue's oldest ``done`` (``dead``, ``cancelled``) tasks
+        that finished at least ``older_than`` seconds ago, in one atomic step; workers do this on a
+        timer (``WorkerSettings.purge_every``). A purged task's id and dedup key are free again.
+
+        Args:
+            queue: the queue.
+            state: ``"done"``, ``"dead"`` or ``"cancelled"``.
+            older_than: seconds since the task finished (store clock); default: the settings'
+                ``done_retention``, or ``dead_retention`` for dead and cancelled tasks. Any value
+                >= 0 is taken, 0 too (every finished task): below
+                :data:`~agentlease._settings.MIN_RETENTION` a worker whose final write's reply
+                was lost may not find its task to check it.
+            limit: the most tasks deleted (1 to 10,000); call again while it returns ``limit``.
+
+        Returns:
+            How many tasks were deleted (0 for a queue never enqueued to).
+        """
+        if state not in FINISHED:
+            raise InvalidInput(f"state must be one of {', '.join(FINISHED)}, not {state!r}")
+        if older_than is None:
+            s = self.settings
+            seconds = s.done_retention if state == "done" else s.dead_retention
+        else:
+            seconds = check.non_negative(older_than, "older_than")
+        return self.backend.purge_tasks(
+            check.queue_name(queue), state, seconds, check.batch_size(limit)
+        )
+
+    def tasks(
+        self,
+        queue: str,
+        *,
+        state: ListedState = "queued",
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> tuple[list[Task], str | None]:
+        """One page of the queue's tasks in ``state``, read through that state's index.
+
+        Args:
+            queue: the queue.
+            state: ``"queued"`` (in claim order), ``"leased"`` (soonest expiry first),
+                ``"done"`` or ``"dead"`` (most recently finished first).
+            limit: the most tasks on the page (1 to 10,000).
+            cursor: where the page starts: ``None`` for the first, else the cursor the previous
+                page returned.
+
+        Returns:
+            The tasks, and the cursor of the next page (``None`` when this one is the last).
+            Each page is one snapshot; a task that changes state between pages may be missed
+            or listed twice.
+        """
+        if state not in LISTED:
+            raise InvalidInput(
+                f"state must be one of {', '.join(LISTED)} (each has an index), not {state!r}"
+            )
+        after = None if cursor is None else _cursor.decode(cursor, state)
+        tasks, key = self.backend.list_tasks(
+            check.queue_name(queue), state, check.batch_size(limit), after
+        )
+        return tasks, None if key is None else _cursor.encode(state, key)
 
     def cancel(self, task_id: str, reason: str = "cancelled") -> Cancellation:
         """Cancel a task, in one atomic step on the store.

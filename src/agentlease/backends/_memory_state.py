@@ -49,7 +49,8 @@ class _Holds:
 @dataclass(slots=True)
 class StateTables:
     """Records, counters, counter holds, locks, retry budgets and breakers held in memory.
-    Expired budgets and breakers stay until their key is written again (then overwritten)."""
+    Expired budgets and breakers count as absent; :meth:`purge` deletes them through a heap by
+    expiry (``lapses``, lazy deletion: an entry whose row was written again since is skipped)."""
 
     records: dict[str, StateRecord] = field(default_factory=dict)
     budgets: dict[str, BudgetRow] = field(default_factory=dict)
@@ -58,6 +59,7 @@ class StateTables:
     locks: dict[str, _Lock] = field(default_factory=dict)
     expiries: list[tuple[float, str]] = field(default_factory=list)
     holds: dict[str, _Holds] = field(default_factory=dict)
+    lapses: list[tuple[float, bool, str]] = field(default_factory=list)  # (expiry, breaker?, key)
 
     def write_record(self, key: str, write: RecordWrite, now: float) -> StateRecord:
         current = self.records.get(key)
@@ -145,12 +147,14 @@ class StateTables:
         )
         if row is not None:
             self.budgets[key] = row
+            heapq.heappush(self.lapses, (row.expires_at, False, key))
         return state
 
     def breaker_admit(self, key: str, trial_for: float, ttl: float, now: float) -> BreakerState:
         row, state = admit_step(live(self.breakers.get(key), now), now, trial_for, ttl)
         if row is not None:
             self.breakers[key] = row
+            heapq.heappush(self.lapses, (row.expires_at, True, key))
         return state
 
     def breaker_record(
@@ -167,6 +171,7 @@ class StateTables:
         row, state = record_step(current, now, fence, ok, threshold, cooldown, ttl)
         if row is not None:
             self.breakers[key] = row
+            heapq.heappush(self.lapses, (row.expires_at, True, key))
         return state
 
     def _held_by(self, name: str, now: float) -> _Lock | None:
@@ -222,6 +227,29 @@ class StateTables:
                 None if lock is None or lock.owner is None else (lock.owner, lock.expires_at)
             )
         return out
+
+    def purge(self, limit: int, now: float) -> int:
+        """Delete up to ``limit`` expired budgets and ``limit`` expired breakers."""
+        purged = {False: 0, True: 0}
+        later: list[tuple[float, bool, str]] = []  # due, of a kind whose batch is full
+        while self.lapses and self.lapses[0][0] <= now:
+            if purged[False] >= limit and purged[True] >= limit:
+                break
+            entry = heapq.heappop(self.lapses)
+            expires_at, breaker, key = entry
+            table: dict[str, BudgetRow] | dict[str, BreakerRow]
+            table = self.breakers if breaker else self.budgets
+            row = table.get(key)
+            if row is None or row.expires_at != expires_at:
+                continue  # written again (or deleted) since: a stale entry
+            if purged[breaker] >= limit:
+                later.append(entry)
+                continue
+            del table[key]
+            purged[breaker] += 1
+        for entry in later:
+            heapq.heappush(self.lapses, entry)
+        return purged[False] + purged[True]
 
     def sweep(self, limit: int, now: float) -> int:
         swept = 0
@@ -295,6 +323,10 @@ class MemoryState:
     def sweep_locks(self, limit: int) -> int:
         with self._lock:
             return self._state.sweep(limit, self._clock())
+
+    def purge_state(self, limit: int) -> int:
+        with self._lock:
+            return self._state.purge(limit, self._clock())
 
     def retry_budget(
         self, key: str, calls: int, retry: bool, ratio: float, minimum: int, ttl: float

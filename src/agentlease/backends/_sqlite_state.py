@@ -9,6 +9,10 @@ version 5 adds ``agentlease_counter_holds`` (counter, token, units, expiry), ind
 then expiry: every write of a counter first deletes its expired holds and takes their units out.
 Schema version 6 adds ``agentlease_budgets`` and ``agentlease_breakers``, one row per key with an
 ``expires_at``; an expired row counts as absent and is overwritten at the key's next write.
+Schema version 9 indexes both by ``expires_at``: ``purge_state`` deletes the expired rows of
+both, oldest first, in one ``BEGIN IMMEDIATE`` transaction. Records, counters and lock rows are
+never deleted (see ``Backend.purge_state``); expired counter holds are deleted by every step on
+their counter, and ``sweep_locks`` frees expired leases, so neither accumulates.
 
 Atomicity: ``write_record``, ``add_counter``, ``hold_counter``, ``release_hold``,
 ``commit_hold`` and ``acquire_locks`` are one ``BEGIN IMMEDIATE`` transaction each, which holds
@@ -263,6 +267,14 @@ class SQLiteState:
             return db.execute(Q["locks_sweep"], {"now": time.time(), "limit": limit}).rowcount
 
     # -- retry budgets and circuit breakers -----------------------------------------------------
+
+    def purge_state(self, limit: int) -> int:
+        with self._step(write=True) as db:
+            params = {"now": time.time(), "limit": limit}
+            return int(
+                db.execute(Q["budget_purge"], params).rowcount
+                + db.execute(Q["breaker_purge"], params).rowcount
+            )
 
     def retry_budget(
         self, key: str, calls: int, retry: bool, ratio: float, minimum: int, ttl: float

@@ -14,17 +14,20 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
+from agentlease._cursor import Key
 from agentlease._records import (
     BreakerState,
     BudgetState,
     Cancellation,
     Enqueued,
+    FinishedState,
     Job,
     KeyHold,
     KeyRecord,
     Lease,
     LeaseInfo,
     LeaseTerms,
+    ListedState,
     LockBusy,
     NewTask,
     QueueStats,
@@ -164,6 +167,16 @@ class ThreadedAsyncBackend:
     async def get_key(self, key: str) -> KeyRecord | None:
         return await self._run(self._sync.get_key, key)
 
+    async def purge_tasks(
+        self, queue: str, state: FinishedState, older_than: float, limit: int
+    ) -> int:
+        return await self._run(self._sync.purge_tasks, queue, state, older_than, limit)
+
+    async def list_tasks(
+        self, queue: str, state: ListedState, limit: int, after: Key | None
+    ) -> tuple[list[Task], Key | None]:
+        return await self._run(self._sync.list_tasks, queue, state, limit, after)
+
     async def purge_keys(self, limit: int) -> int:
         return await self._run(self._sync.purge_keys, limit)
 
@@ -207,6 +220,9 @@ class ThreadedAsyncBackend:
 
     async def sweep_locks(self, limit: int) -> int:
         return await self._run(self._sync.sweep_locks, limit)
+
+    async def purge_state(self, limit: int) -> int:
+        return await self._run(self._sync.purge_state, limit)
 
     async def retry_budget(
         self, key: str, calls: int, retry: bool, ratio: float, minimum: int, ttl: float

@@ -92,17 +92,20 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
+from agentlease._cursor import Key
 from agentlease._records import (
     BreakerState,
     BudgetState,
     Cancellation,
     Enqueued,
+    FinishedState,
     Job,
     KeyHold,
     KeyRecord,
     Lease,
     LeaseInfo,
     LeaseTerms,
+    ListedState,
     LockBusy,
     NewTask,
     QueueStats,
@@ -222,6 +225,34 @@ class Backend(Protocol):
         """Requeue dead tasks (all of the queue's if ``task_ids`` is None) with fresh budgets.
 
         Returns how many were requeued. The attempt counter is kept, so fencing stays monotonic.
+        """
+        ...
+
+    def purge_tasks(self, queue: str, state: FinishedState, older_than: float, limit: int) -> int:
+        """Delete up to ``limit`` tasks of ``queue`` in ``state`` (``done`` or ``dead``) that
+        finished at least ``older_than`` seconds ago (store clock), oldest first, in one atomic
+        step, through an index by finished time (never a scan of live tasks); returns how many.
+
+        A purged task is gone with everything it held (payload, result, error, progress,
+        checkpoint, context), and its id and its dedup key are free again. An unknown queue
+        purges nothing. Callers bound ``limit`` (at most 10,000) and loop while a call purges a
+        full batch.
+        """
+        ...
+
+    def list_tasks(
+        self, queue: str, state: ListedState, limit: int, after: Key | None
+    ) -> tuple[list[Task], Key | None]:
+        """Up to ``limit`` tasks of ``queue`` in ``state``, in the order of that state's index,
+        starting after the position ``after`` (a key this method returned), read through the
+        index (never a scan of the queue), in one read; and the key of the last task returned
+        if more may follow (else ``None``).
+
+        Orders: ``queued`` in claim order (the store's own), ``leased`` by lease expiry,
+        ``done`` and ``dead`` most recently finished first; ties by task id. A key is the
+        store's index values of the task then its id (see :mod:`agentlease._cursor`); one that
+        does not fit raises InvalidInput. Pages are consistent per page, not across pages: a
+        task that moves while a listing goes on may be missed or seen twice.
         """
         ...
 
@@ -408,6 +439,22 @@ class Backend(Protocol):
         returns how many. (Acquisition treats them as free anyway; this keeps reads tidy.)"""
         ...
 
+    def purge_state(self, limit: int) -> int:
+        """Delete up to ``limit`` retry budgets and up to ``limit`` circuit breakers whose
+        expiry has passed (each counts as absent already), in one atomic step; returns how many.
+        A store that expires them itself (Redis TTLs) returns 0.
+
+        What is not collected, on any store, and why: a versioned record, deleted or not, keeps
+        its version (a deleted record is emptied and its version goes on rising, so that a
+        stale compare-and-set can never succeed on a record created again); a lock keeps its
+        fencing token, which must only rise, once its lease is freed (``sweep_locks``); a
+        counter keeps its value, 0 included (it is the user's state). Each of those is one row
+        or key per name, so they grow with the number of names an application uses, never with
+        how often it uses them. A counter's holds are deleted by the steps on the counter once
+        they run out; idempotency keys by ``purge_keys``.
+        """
+        ...
+
     # -- retry budgets and circuit breakers ------------------------------------------------------
 
     def retry_budget(
@@ -495,6 +542,12 @@ class AsyncBackend(Protocol):
     async def requeue_dead(
         self, queue: str, task_ids: Sequence[str] | None, front: bool
     ) -> int: ...
+    async def purge_tasks(
+        self, queue: str, state: FinishedState, older_than: float, limit: int
+    ) -> int: ...
+    async def list_tasks(
+        self, queue: str, state: ListedState, limit: int, after: Key | None
+    ) -> tuple[list[Task], Key | None]: ...
     async def register_worker(self, worker_id: str, info_json: bytes, ttl: float) -> float: ...
     async def workers(self) -> list[WorkerInfo]: ...
     async def unregister_worker(self, worker_id: str) -> bool: ...
@@ -530,6 +583,7 @@ class AsyncBackend(Protocol):
     async def release_locks(self, names: Sequence[str], owner: str) -> list[str]: ...
     async def lock_holders(self, names: Sequence[str]) -> list[tuple[str, float] | None]: ...
     async def sweep_locks(self, limit: int) -> int: ...
+    async def purge_state(self, limit: int) -> int: ...
     async def retry_budget(
         self, key: str, calls: int, retry: bool, ratio: float, minimum: int, ttl: float
     ) -> BudgetState: ...

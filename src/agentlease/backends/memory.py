@@ -4,6 +4,10 @@ Each primitive runs under one lock, so it is one atomic step for every thread of
 Ready tasks sit in a heap per queue, ordered by (priority descending, sequence); scheduled tasks
 and leases sit in heaps by time. Heap entries are validated when popped (lazy deletion), so claim,
 extend and complete cost O(log n) and the reaper's cost grows with the expired leases only.
+Finished tasks sit in a heap per (queue, state) by finished time, which ``purge_tasks`` pops
+(a requeued dead letter's entry is skipped). A heap entry outlives what it stands for until its
+time comes (a lease that ended stays in the lease heap until its expiry, when the next claim
+drops it), so the heaps hold at most one lease's worth of stale entries.
 Idempotency keys live in a :class:`~agentlease.backends._memory_keys.KeyTable`, versioned
 records, counters and locks in a :class:`~agentlease.backends._memory_state.StateTables`, under
 the same lock; their primitives are the bases MemoryKeys and MemoryState.
@@ -25,15 +29,19 @@ from dataclasses import dataclass, field, replace
 
 import orjson
 
+from agentlease import _cursor
+from agentlease._cursor import Key
 from agentlease._policy.lease import front_seq, is_live, lease_expiry, lost_reason, reap_outcome
 from agentlease._records import (
     FINISHED,
     Cancellation,
     Enqueued,
+    FinishedState,
     Job,
     Lease,
     LeaseInfo,
     LeaseTerms,
+    ListedState,
     NewTask,
     QueueStats,
     Reaped,
@@ -95,6 +103,8 @@ class MemoryBackend(MemoryKeys, MemoryState):
         # Partitions: the busy tasks of each (queue, partition), and its parked tasks by sequence.
         self._busy: dict[tuple[str, str], set[str]] = {}
         self._parked: dict[tuple[str, str], list[tuple[int, str]]] = {}
+        # Retention: finished tasks of each (queue, state) by finished_at, lazily validated.
+        self._ended: dict[tuple[str, str], list[tuple[float, str]]] = {}
         # Live workers: id -> (info JSON, beat_at, expires_at); the holder of each lease.
         self._workers: dict[str, tuple[bytes, float, float]] = {}
         self._holders: dict[str, str | None] = {}
@@ -207,8 +217,10 @@ class MemoryBackend(MemoryKeys, MemoryState):
         return True
 
     def _finished(self, row: _Row, now: float) -> None:
-        """A task became done or dead: if its partition is now idle, unpark the next one."""
+        """A task became done or dead: index it by finished time (for purging) and, if its
+        partition is now idle, unpark the next one."""
         t = row.task
+        heapq.heappush(self._ended.setdefault((t.queue, t.state), []), (now, t.id))
         if t.partition is None:
             return
         key = (t.queue, t.partition)
@@ -577,6 +589,55 @@ class MemoryBackend(MemoryKeys, MemoryState):
                 count += 1
             return count
 
+    def purge_tasks(self, queue: str, state: FinishedState, older_than: float, limit: int) -> int:
+        with self._lock:
+            ended = self._ended.get((queue, state))
+            cutoff = self._clock() - older_than
+            purged = 0
+            while ended and purged < limit and ended[0][0] <= cutoff:
+                finished_at, task_id = heapq.heappop(ended)
+                row = self._rows.get(task_id)
+                if row is None or row.task.state != state or row.task.finished_at != finished_at:
+                    continue  # requeued (or purged) since: a stale entry
+                del self._rows[task_id]
+                self._holders.pop(task_id, None)
+                lane = self._lanes.get(queue)
+                if lane is not None:
+                    lane.ids.pop(task_id, None)
+                dedup = row.task.dedup_key
+                if dedup is not None and self._dedup.get((queue, dedup)) == task_id:
+                    del self._dedup[(queue, dedup)]
+                purged += 1
+            if ended is not None and not ended:
+                del self._ended[(queue, state)]
+            return purged
+
+    def list_tasks(
+        self, queue: str, state: ListedState, limit: int, after: Key | None
+    ) -> tuple[list[Task], Key | None]:
+        # The test store sorts the state's tasks of the queue on every call (no index).
+        with self._lock:
+            rows = [
+                r for r in self._rows.values() if r.task.queue == queue and r.task.state == state
+            ]
+            keys: list[tuple[Key, Task]]
+            if state == "queued":
+                start = _cursor.key(after, int, int, str)
+                keys = [([-r.task.priority, r.seq, r.task.id], r.task) for r in rows]
+            elif state == "leased":
+                start = _cursor.key(after, float, str)
+                keys = [([r.task.expires_at or 0.0, r.task.id], r.task) for r in rows]
+            else:
+                start = _cursor.key(after, float, str)
+                keys = [([r.task.finished_at or 0.0, r.task.id], r.task) for r in rows]
+            desc = state in ("done", "dead", "cancelled")
+            keys.sort(key=lambda kt: kt[0], reverse=desc)
+            if start is not None:
+                keys = [kt for kt in keys if (kt[0] < start if desc else kt[0] > start)]
+            page = keys[:limit]
+            more = len(keys) > limit
+            return [t for _, t in page], (page[-1][0] if more else None)
+
     def register_worker(self, worker_id: str, info_json: bytes, ttl: float) -> float:
         with self._lock:
             now = self._clock()
@@ -640,6 +701,7 @@ class MemoryBackend(MemoryKeys, MemoryState):
                 task_id = next(iter(lane.ids))
                 del lane.ids[task_id]
                 row = self._rows.pop(task_id)
+                self._holders.pop(task_id, None)
                 t = row.task
                 if t.dedup_key is not None:
                     self._dedup.pop((queue, t.dedup_key), None)
@@ -655,6 +717,8 @@ class MemoryBackend(MemoryKeys, MemoryState):
                 del self._busy[key]
             for key in [k for k in self._parked if k[0] == queue]:
                 del self._parked[key]
+            for key in [k for k in self._ended if k[0] == queue]:
+                del self._ended[key]
             return deleted, True
 
     def close(self) -> None:

@@ -48,6 +48,8 @@ from typing import Any
 
 import orjson
 
+from agentlease import _cursor
+from agentlease._cursor import Key
 from agentlease._policy.lease import (
     FRONT_OFFSET,
     front_seq,
@@ -59,10 +61,12 @@ from agentlease._records import (
     FINISHED,
     Cancellation,
     Enqueued,
+    FinishedState,
     Job,
     Lease,
     LeaseInfo,
     LeaseTerms,
+    ListedState,
     NewTask,
     QueueStats,
     Reaped,
@@ -98,7 +102,9 @@ Q = queries("agentlease.backends.sql", "sqlite.sql")
 # has (versions 5 and 6 only add tables: they need none; version 7 adds a column, NULL for the
 # tasks already there; version 8 adds one and drops the trigger, which the schema recreates).
 # 10: the holder of each lease (a column), the attempt history and live workers (tables), and the
-# triggers that write the history.
+# triggers that write the history. Version 9 adds the index of done tasks by finished time,
+# which the schema creates over the rows already there (it needs no step of its own), and
+# indexes of budgets and breakers by expiry; listings read the partial indexes of their state.
 SCHEMA_VERSION = 10
 
 
@@ -568,6 +574,38 @@ class SQLiteBackend(SQLiteKeys, SQLiteState):
                 new_seq = front_seq(seq) if front else self._next_seq(db, queue)
                 db.execute(Q["requeue_dead"], {"id": task_id, "seq": new_seq, "now": now})
             return len(chosen)
+
+    def purge_tasks(self, queue: str, state: FinishedState, older_than: float, limit: int) -> int:
+        name = f"purge_{state}"
+        with self._step(write=False) as db:  # one statement: one atomic step
+            params = {"queue": queue, "cutoff": time.time() - older_than, "limit": limit}
+            return int(db.execute(Q[name], params).rowcount)
+
+    def list_tasks(
+        self, queue: str, state: ListedState, limit: int, after: Key | None
+    ) -> tuple[list[Task], Key | None]:
+        params: dict[str, Any] = {"queue": queue, "limit": limit + 1}
+        if state == "queued":
+            start = _cursor.key(after, int, int, str)
+            if start is not None:
+                params.update(p=start[0], s=start[1])
+        else:
+            start = _cursor.key(after, float, str)
+            if start is not None:
+                params.update(at=start[0], id=start[1])
+        name = f"list_{state}" if start is None else f"list_{state}_after"
+        with self._step(write=False) as db:
+            rows = db.execute(Q[name], params).fetchall()
+        page = rows[:limit]
+        if len(rows) <= limit:
+            return [task_from_row(r[:21]) for r in page], None
+        last = page[-1]
+        key: Key
+        if state == "queued":
+            key = [last[3], last[21], last[0]]
+        else:
+            key = [last[13] if state == "leased" else last[14], last[0]]
+        return [task_from_row(r[:21]) for r in page], key
 
     def register_worker(self, worker_id: str, info_json: bytes, ttl: float) -> float:
         with self._step(write=True) as db:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import importlib
 import os
+import re
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn, ParamSpec, TypeVar
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, ParamSpec, TypeVar
 import click
 
 from agentlease import __version__
-from agentlease.errors import AgentLeaseError
+from agentlease.errors import AgentLeaseError, InvalidDuration
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -29,6 +30,7 @@ __all__ = [
     "backend_option",
     "cli",
     "fail",
+    "parse_age",
     "reports_errors",
 ]
 
@@ -52,11 +54,13 @@ COMMANDS = {
     "inspect": "agentlease.cli.admin",
     "keys": "agentlease.cli.keys",
     "migrate": "agentlease.cli.migrate",
+    "purge": "agentlease.cli.purge",
     "replay": "agentlease.cli.harness",
     "rights": "agentlease.cli.rights",
     "scheduler": "agentlease.cli.schedule",
     "show": "agentlease.cli.show",
     "stats": "agentlease.cli.admin",
+    "tasks": "agentlease.cli.tasks",
     "worker": "agentlease.cli.work",
     "workers": "agentlease.cli.admin",
 }
@@ -128,3 +132,17 @@ def reports_errors(command: Callable[P, R]) -> Callable[P, R]:
             fail(str(exc) or type(exc).__name__)
 
     return wrapper
+
+
+_UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86_400.0, "w": 7 * 86_400.0}
+_AGE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*")
+
+
+def parse_age(text: str) -> float:
+    """Seconds from an age such as ``90``, ``90s``, ``15m``, ``12h``, ``1d`` or ``2w``."""
+    match = _AGE.fullmatch(text)
+    if match is None:
+        raise InvalidDuration(
+            f"age {text!r}: give a number and a unit: s, m, h, d or w (e.g. 1d, 12h)"
+        )
+    return float(match.group(1)) * _UNITS[match.group(2)]

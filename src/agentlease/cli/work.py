@@ -18,7 +18,7 @@ from agentlease._settings import QueueSettings
 from agentlease._sync.queue import Queue
 from agentlease._worker import Handler, Worker, WorkerSettings
 from agentlease.backends import Backend, connect
-from agentlease.cli._app import backend_option, cli, reports_errors
+from agentlease.cli._app import backend_option, cli, parse_age, reports_errors
 from agentlease.errors import BackendUnavailable, WorkerError
 
 __all__ = ["load_handler"]
@@ -164,6 +164,22 @@ def _connect_patiently(url: str, *, give_up_after: float | None) -> Backend:
     default=None,
     help="Seconds without progress after which a lease is no longer extended (default: none).",
 )
+@click.option(
+    "--done-retention",
+    default="7d",
+    show_default=True,
+    help="How long done tasks are kept, then purged (30s, 15m, 12h, 1d, 2w; at least 60s).",
+)
+@click.option(
+    "--dead-retention", default="30d", show_default=True, help="How long dead letters are kept."
+)
+@click.option(
+    "--purge-every",
+    type=float,
+    default=60.0,
+    show_default=True,
+    help="Seconds between this worker's purges (0: it purges nothing).",
+)
 @click.option("--verbose", "-v", is_flag=True, help="Also log every claim and completion.")
 @click.option(
     "--otel",
@@ -187,6 +203,9 @@ def worker(
     task_timeout: float | None,
     max_lease: float,
     progress_timeout: float | None,
+    done_retention: str,
+    dead_retention: str,
+    purge_every: float,
     verbose: bool,
     otel: bool,
 ) -> None:
@@ -211,6 +230,10 @@ def worker(
     An unreachable store is logged and retried with backoff; a store that refuses the worker
     for good (authentication, permission, TLS, a missing or newer schema) ends it with status 2,
     and so does, with --burst, a store unreachable for a whole lease.
+
+    Every --purge-every seconds the worker purges the queue's done tasks older than
+    --done-retention and dead letters older than --dead-retention (their ids and dedup keys are
+    free again), idempotency keys past their window and expired locks, budgets and breakers.
     """
     handler = load_handler(handler_spec)
     stop_otel = _instrument() if otel else None
@@ -222,9 +245,14 @@ def worker(
         poll_interval=poll_interval,
         shutdown_grace=grace,
         task_timeout=task_timeout,
+        purge_every=purge_every or None,
     )
     queue_settings = QueueSettings(
-        lease_for=lease_for, max_lease=max_lease, progress_timeout=progress_timeout
+        lease_for=lease_for,
+        max_lease=max_lease,
+        progress_timeout=progress_timeout,
+        done_retention=parse_age(done_retention),
+        dead_retention=parse_age(dead_retention),
     )
     with _logging(verbose):
         backend = _connect_patiently(url, give_up_after=lease_for if burst else None)

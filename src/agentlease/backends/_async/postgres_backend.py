@@ -27,6 +27,10 @@ connection in autocommit mode, so each is its own transaction and one round trip
   ``delete_queue`` is one call of ``agentlease_delete_queue()`` per bounded batch.
 * task contexts (migration ``0008_task_context``): a ``context`` JSON column written by enqueue
   only, returned by claim (in each job), get, dead and fail.
+* retention: ``purge_tasks`` is one ``DELETE`` of the oldest done (or dead) tasks of a queue
+  through the partial indexes ``agentlease_tasks_done`` and ``agentlease_tasks_dead`` on
+  ``(queue, finished_at)``, which exist since the first migration: tasks finished before
+  purging existed are indexed like any other, and no migration was needed.
 * lease holders, attempt histories and live workers (migration ``0011_workers``): the claim
   writes its holder into each leased row; two triggers record an attempt when a claim raises
   ``attempt`` and end it when a lease ends (complete, fail, release, a reap), inside that
@@ -62,15 +66,19 @@ import psycopg
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
+from agentlease import _cursor
+from agentlease._cursor import Key
 from agentlease._policy.lease import lost_reason
 from agentlease._records import (
     STATES,
     Cancellation,
     Enqueued,
+    FinishedState,
     Job,
     Lease,
     LeaseInfo,
     LeaseTerms,
+    ListedState,
     NewTask,
     QueueStats,
     Reaped,
@@ -118,6 +126,21 @@ def _rank(ranked: tuple[int, Job]) -> int:
 
 async def _configure(conn: AsyncConnection[Any]) -> None:
     configure(conn)
+
+
+_LISTINGS: dict[tuple[str, bool], str] = {
+    ("queued", False): "list_queued",
+    ("queued", True): "list_queued_after",
+    ("leased", False): "list_leased",
+    ("leased", True): "list_leased_after",
+    ("done", False): "list_done",
+    ("done", True): "list_done_after",
+    ("dead", False): "list_dead",
+    ("dead", True): "list_dead_after",
+    ("cancelled", False): "list_cancelled",
+    ("cancelled", True): "list_cancelled_after",
+}
+"""The named query of each listing: (state, from a cursor)."""
 
 
 class AsyncPostgresBackend(PostgresKeys, PostgresState):
@@ -470,6 +493,40 @@ class AsyncPostgresBackend(PostgresKeys, PostgresState):
         if not exists:
             raise UnknownQueue(queue)
         return int(requeued)
+
+    async def purge_tasks(
+        self,
+        queue: str,
+        state: FinishedState,
+        older_than: float,
+        limit: int,
+    ) -> int:
+        query = Q[f"purge_{state}"]
+        return await self._write(query, {"queue": queue, "older_than": older_than, "limit": limit})
+
+    async def list_tasks(
+        self,
+        queue: str,
+        state: ListedState,
+        limit: int,
+        after: Key | None,
+    ) -> tuple[list[Task], Key | None]:
+        params: dict[str, Any] = {"queue": queue, "limit": limit + 1}
+        if state == "queued":
+            start = _cursor.key(after, int, int, str)
+            if start is not None:
+                params.update(p=start[0], s=start[1])
+        else:
+            start = _cursor.key(after, int, str)  # the index's time in microseconds, the id
+            if start is not None:
+                params.update(us=start[0], id=start[1])
+        rows = await self._fetch(Q[_LISTINGS[state, start is not None]], params)
+        page = [task(tuple(r[:21])) for r in rows[:limit]]
+        if len(rows) <= limit:
+            return page, None
+        last = rows[limit - 1]
+        key: Key = [last[3], last[21], last[0]] if state == "queued" else [last[22], last[0]]
+        return page, key
 
     async def register_worker(self, worker_id: str, info_json: bytes, ttl: float) -> float:
         params = {"id": worker_id, "info": info_json, "ttl": ttl}

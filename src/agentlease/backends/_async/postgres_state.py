@@ -26,7 +26,10 @@ one round trip (but a busy set of one lock: two), each atomic under READ COMMITT
   and released by one statement of its own: one row, so no order to keep; an acquisition that
   finds the lock busy then calls the function, which says who holds it (or takes it, if it
   came free meanwhile).
-* ``lock_holders``, ``get_record`` and ``sweep_locks`` are one statement each.
+* ``lock_holders``, ``get_record`` and ``sweep_locks`` are one statement each, and so is
+  ``purge_state``, which deletes expired budgets and breakers (records, counters and lock rows
+  are never deleted: see ``Backend.purge_state``; a counter's expired holds are deleted by every
+  step on the counter).
 * ``retry_budget``, ``breaker_admit`` and ``breaker_record`` call one function each
   (``0007_budgets.sql``), and so does ``commit_hold`` with ``units`` (``agentlease_settle_hold``).
   Their healthy paths are one plain read; a step that may write locks the row and decides again
@@ -206,6 +209,10 @@ class PostgresState:
 
     async def sweep_locks(self, limit: int) -> int:
         return await self._write(Q["locks_sweep"], {"limit": limit})
+
+    async def purge_state(self, limit: int) -> int:
+        ((count,),) = await self._fetch(Q["state_purge"], {"limit": limit})
+        return int(count)
 
     # -- retry budgets and circuit breakers -----------------------------------------------------
 

@@ -26,6 +26,14 @@ the same enqueue to the same queue (an id left reserved that way for a queue nob
 stays taken: enqueueing it elsewhere reports it as existing). A reservation made for a task the
 script did not create (its dedup key was taken) is dropped again.
 
+Retention. ``purge_tasks`` is two steps too: the queue's ``purge`` script deletes the oldest
+finished tasks (read from a ZSET by finished time: ``:d`` for dead letters, ``:f`` for done
+tasks) and returns their ids, then one pipeline drops those ids from ``<prefix>:ids``. The
+script's reply is kept under its request nonce, so a resend after a lost reply frees the same
+ids, and the next purge of the queue returns them once more, so ids a client that died between
+the steps never freed are freed then; an id re-enqueued to the same queue between the two steps
+gets its entry back.
+
 Attempts and workers. The scripts that claim or end a lease record the task's attempt in the
 queue's hash ``{<prefix>:<queue>}:a`` in that same script (the holder a claim names is the
 worker of its attempt; ``inspect`` reads it there). Live workers are one hash and one zset under
@@ -56,13 +64,17 @@ from typing import Any
 
 import redis.backoff
 
+from agentlease import _cursor
+from agentlease._cursor import Key
 from agentlease._records import (
     Cancellation,
     Enqueued,
+    FinishedState,
     Job,
     Lease,
     LeaseInfo,
     LeaseTerms,
+    ListedState,
     NewTask,
     QueueStats,
     Reaped,
@@ -411,6 +423,46 @@ class RedisBackend(RedisKeys, RedisState):
             total += int(count)
             if count < CAP:
                 return total
+
+    def purge_tasks(
+        self,
+        queue: str,
+        state: FinishedState,
+        older_than: float,
+        limit: int,
+    ) -> int:
+        keys = queue_keys(self._prefix, queue)
+        args = (state, older_than, limit, _nonce())
+        purged, previous = self._link.script("purge", keys.purge[state], args, retry=True)
+        freed = [*purged, *previous]  # the previous batch again: its client may have died
+        if not freed:
+            return 0
+        # Step 2: free the ids in the global index (another slot). An id enqueued again to this
+        # queue between the two steps has a task again: its entry is put back.
+        tasks = keys.purge[state][0]
+        replies = self._link.many(
+            [("HDEL", self._ids, *freed), *(("HEXISTS", tasks, i) for i in freed)]
+        )
+        back = [i for i, there in zip(freed, replies[1:], strict=True) if there]
+        if back:
+            self._link.many([("HSET", self._ids, i, queue) for i in back])
+        return len(purged)
+
+    def list_tasks(
+        self,
+        queue: str,
+        state: ListedState,
+        limit: int,
+        after: Key | None,
+    ) -> tuple[list[Task], Key | None]:
+        start = _cursor.key(after, str, str)  # the member (queued) or score, and the task id
+        args = (state, limit, *(("", "") if start is None else start))
+        keys = queue_keys(self._prefix, queue).listing[state]
+        reply = self._link.script("list", keys, args, retry=True)
+        tasks = [task_from(queue, reply[i]) for i in range(2, len(reply), 2)]
+        if not reply[0] or not tasks:
+            return tasks, None
+        return tasks, [reply[-2].decode(), tasks[-1].id]
 
     def cancel(self, task_id: str, reason: str, error_json: bytes) -> Cancellation:
         queue = self._link.command("HGET", self._ids, task_id)

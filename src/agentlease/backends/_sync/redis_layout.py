@@ -9,16 +9,26 @@ never inside a script on another slot), and remembers the answer: no call after 
 a round trip for it.
 
 * Absent: the store is new, or was written before the key existed, by a version whose layout is
-  :data:`LAYOUT` 1 (the only one so far). Either way its data follows layout 1, so the client
-  writes it (``SET NX``: the first writer wins, a racing client reads what it wrote) and goes
-  on; existing users of an older store keep working.
-* Not above :data:`LAYOUT`: go on.
+  1. Either way this client reads it (layout 2 reads layout 1's data, see below), so it writes
+  :data:`LAYOUT` (``SET NX``: the first writer wins, a racing client reads what it wrote) and
+  goes on; existing users of an older store keep working.
+* 1: the store was written by layout 1: the client moves the key to 2 and goes on.
+* :data:`LAYOUT`: go on.
 * Above :data:`LAYOUT`: a newer agentlease changed the layout, and this one would misread or
   corrupt it. Every call raises :class:`~agentlease.errors.SchemaTooNew`, naming both numbers,
   and writes nothing.
 
 A future layout change raises :data:`LAYOUT` and moves the key's number only once the data is
 converted, so that older clients stop at once instead of writing the old layout into it.
+
+Layout 2 (retention) adds one ZSET per queue, ``{p:q}:f``: its done tasks by finished time,
+written by ``complete`` and ``complete_many``, so that a purge of done tasks reads only what it
+deletes. Layout 1's data needs no conversion to be read; its done tasks are indexed by a bounded
+backfill that the first purges of each queue run (``purge.lua``). The number moves to 2 as soon
+as a layout-2 client meets the store because a layout-1 client would keep completing tasks that
+no index holds, which no purge would ever find: once it is 2, a layout-1 client that starts
+refuses the store (one that was already running keeps going until it restarts: upgrade every
+client of a store together, or purge its done tasks of that time by hand).
 
 Written once for asyncio; ``backends/_sync/redis_layout.py`` is generated from it.
 """
@@ -33,7 +43,7 @@ from agentlease.errors import BackendRefused, SchemaTooNew
 
 __all__ = ["LAYOUT", "CheckedLink"]
 
-LAYOUT = 1
+LAYOUT = 2
 """The newest key layout this agentlease reads and writes."""
 
 
@@ -65,6 +75,8 @@ class CheckedLink(RedisLink):
                 ) from None
             if version > LAYOUT:
                 raise SchemaTooNew(f"Redis at {self.url}", "key layout", version, LAYOUT)
+            if version < LAYOUT:  # layout 1: read as it is (see the module docstring)
+                super().command("SET", self.layout_key, LAYOUT)
         self._layout_known = True
 
     def script(self, name: str, keys: Keys, args: Args, *, retry: bool) -> Any:

@@ -15,6 +15,13 @@ Every lock key shares the hash tag ``{<prefix>:locks}``, so a lock set of any na
 on one shard: on a cluster, all the locks of a store live on one shard. The layout is drawn in
 :mod:`agentlease.backends.lua`. Times come from ``redis.call('TIME')`` inside the scripts.
 
+What is kept how long: budgets and breakers (and idempotency keys) carry a TTL, so Redis deletes
+them itself and ``purge_state`` has nothing to do; a counter's ended holds are deleted by the
+next step on the counter once their expiry passes; ``sweep_locks`` frees expired lock leases
+(their entries in ``:owner`` and ``:expiry``). A lock name's ``:fence`` and ``:freed`` entries
+stay (its fencing token must only rise), as do records and counters (the user's state): they
+grow with the number of names, never with their use.
+
 Sending a call again after a lost reply (see ``redis_link.py``): reads, lock extensions and
 sweeps repeat harmlessly; a resent acquisition finds the locks held by the same owner and takes
 them again, with new (still rising) tokens; a release carries a request nonce that each lock it
@@ -199,6 +206,10 @@ class RedisState:
         keys = lock_keys(self._prefix).sweep
         count: int = self._link.script("locks_sweep", keys, (limit,), retry=True)
         return count
+
+    def purge_state(self, limit: int) -> int:
+        """Nothing to do: Redis expires budgets and breakers itself (their TTL)."""
+        return 0
 
     # -- retry budgets and circuit breakers ------------------------------------------------------
 

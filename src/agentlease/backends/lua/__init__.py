@@ -44,6 +44,9 @@ on one Redis Cluster shard and every script is given all the keys it touches:
                             their created_at (the oldest queued age is the highest negative
                             score); claim moves a task from one to the other with one ZADD
 ``{p:q}:d``                 zset by finished_at: dead letters
+``{p:q}:f``                 zset by finished_at: done tasks (layout 2), so that a purge reads
+                            only the tasks it deletes; ``:n`` keeps ``fidx`` once the queue's
+                            done tasks of layout 1 are in it (see ``purge.lua``)
 ``{p:q}:k``                 hash: dedup key -> task id
 ``{p:q}:pb``                hash: partition -> its busy tasks (scheduled, queued, leased,
                             failed), while it has any or parked tasks wait on it
@@ -54,7 +57,7 @@ on one Redis Cluster shard and every script is given all the keys it touches:
                             are its first members)
 ``p:ids``                   hash: task id -> queue (ids are unique across queues)
 ``p:queues``                set: every queue enqueued to
-``p:layout``                string: this layout's version (1), written on first use; a client
+``p:layout``                string: this layout's version (2), written on first use; a client
                             refuses a higher one (see ``_async/redis_layout.py``)
 ``p:key:{k}``               hash: idempotency key ``k`` (its own hash tag, so keys spread over
                             a cluster): state, fingerprint, fence, holder, token, times,
@@ -166,6 +169,8 @@ NAMES = (
     "stats",
     "inspect",
     "dead",
+    "purge",
+    "list",
     "cancel",
     "delete_queue",
     "key_reserve",
@@ -362,6 +367,8 @@ class QueueKeys:
     stats: tuple[str, ...]
     inspect: tuple[str, ...]
     dead: tuple[str, ...]
+    purge: dict[str, tuple[str, ...]]
+    listing: dict[str, tuple[str, ...]]
     cancel: tuple[str, ...]
     delete_queue: tuple[str, ...]
 
@@ -373,24 +380,40 @@ def queue_keys(prefix: str, queue: str) -> QueueKeys:
     t, p, r, g, c, e, n, q, w, i, d, k = (tag + s for s in "tprgcenqwldk")
     pb, pk, ph = tag + "pb", tag + "pk", tag + "ph"  # partitions: busy, parked, hot
     x = tag + "x"  # task contexts
+    f = tag + "f"  # done tasks by finished_at
     a = tag + "a"  # attempt histories
+    z = tag + "z"  # cancelled tasks by finished_at
     return QueueKeys(
         enqueue=(t, p, n, q, w, i, k, pb, pk, ph, x),
-        claim=(t, p, c, e, n, q, w, i, d, pb, pk, ph, x, a),
-        extend=(t, n, i, q, w, pb, pk, ph, a),
-        complete=(t, r, i, n, q, w, pb, pk, ph, a),
-        complete_many=(t, r, i, n, q, w, pb, pk, ph, a),
+        claim=(t, p, c, e, n, q, w, i, d, pb, pk, ph, x, a, z),
+        extend=(t, n, i, q, w, pb, pk, ph, a, z),
+        complete=(t, r, i, n, q, w, pb, pk, ph, a, f),
+        complete_many=(t, r, i, n, q, w, pb, pk, ph, a, f),
         fail=(t, p, r, g, c, e, n, i, w, d, q, pb, pk, ph, x, a),
         release=(t, n, i, q, a),
         progress=(t, g, c),
-        reap=(t, e, n, q, i, d, w, pb, pk, ph, a),
+        reap=(t, e, n, q, i, d, w, pb, pk, ph, a, z),
         requeue_dead=(t, n, q, i, d, pb, pk, ph),
         get=(t, p, r, g, c, e, x, a),
         stats=(t, n, q, w, i, d, pk, ph),
         inspect=(t, n, i, a),
         dead=(t, p, r, g, c, e, n, d, x),
-        cancel=(t, e, n, q, w, i, pb, pk, ph, a),
-        delete_queue=(t, p, r, g, c, e, x, n, q, w, i, d, k, pb, pk, ph, a),
+        purge={
+            s: (t, p, r, g, c, e, x, k, n, index, f, a)
+            for s, index in (("done", f), ("dead", d), ("cancelled", z))
+        },
+        listing={
+            s: (t, p, r, g, c, e, x, index)
+            for s, index in (
+                ("queued", q),
+                ("leased", i),
+                ("done", f),
+                ("dead", d),
+                ("cancelled", z),
+            )
+        },
+        cancel=(t, e, n, q, w, i, pb, pk, ph, a, z),
+        delete_queue=(t, p, r, g, c, e, x, n, q, w, i, d, k, pb, pk, ph, a, f, z),
     )
 
 

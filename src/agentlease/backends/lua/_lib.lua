@@ -277,7 +277,8 @@ end
 -- A task whose cancel was asked for (its error already stored) ends cancelled: out of the index
 -- (the caller's job when it took it out already), counted in the counters' 'cancelled', its
 -- partition freed as a completion frees it, and its running attempt (if a lease was live) ended
--- as cancelled. rec is saved here. K holds counters, tasks, busy, parked, hot, attempts.
+-- as cancelled; it joins the cancelled ZSET by finished time (for purging). rec is saved here.
+-- K holds counters, tasks, busy, parked, hot, attempts, cancelled.
 local function end_cancelled(K, id, rec, now)
   if rec[F_STATE] == CANCELLING or rec[F_STATE] == LEASED then
     attempt_close(K.attempts, id, rec[F_ATTEMPT], now, 'cancelled', false)
@@ -287,6 +288,7 @@ local function end_cancelled(K, id, rec, now)
   rec[F_TOKEN] = false
   rec[F_EXPIRES] = false
   redis.call('HINCRBY', K.counters, 'cancelled', 1)
+  redis.call('ZADD', K.cancelled, now, id)
   save(K.tasks, id, rec)
   if rec[F_PART] then unpark(K, rec[F_PART], now) end
 end
@@ -296,7 +298,7 @@ end
 -- the index, oldest expiry first, at most a cap of them); an expired lease whose task a cancel
 -- was asked for ends cancelled, never requeued. Appends id, attempt, outcome to out for each,
 -- and ends each lease's attempt as expired (or cancelled). K holds the keys: tasks, errors,
--- counters, ready, waiting, index, dead, busy, parked, hot, attempts.
+-- counters, ready, waiting, index, dead, busy, parked, hot, attempts, cancelled.
 local function reap(K, ids, now, front, out)
   zrem(K.index, ids)  -- first: a requeued task comes back into the index as a queued one
   for _, id in ipairs(ids) do

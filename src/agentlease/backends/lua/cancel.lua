@@ -9,14 +9,15 @@
 -- helpers: clock load save member end_cancelled
 -- KEYS: 1 tasks, 2 errors, 3 counters, 4 ready, 5 waiting, 6 index (leases by expiry, queued
 --       tasks), 7 busy (partition -> busy tasks), 8 parked, 9 hot (partition -> minus its
---       parked tasks), 10 attempts (a lease's attempt ends cancelled)
+--       parked tasks), 10 attempts (a lease's attempt ends cancelled), 11 cancelled (cancelled
+--       tasks by finished_at, for purging)
 -- ARGV: 1 task id, 2 the cancel error JSON (it holds the reason)
 -- Returns: {outcome, state, error JSON or nil}: outcome 'cancelled', 'requested' or
 --          'finished', the state after the call, and the error the task keeps (a cancel asked
 --          for earlier keeps its own); {'unknown'} when there is no such task in this queue.
 local K = {tasks = KEYS[1], errors = KEYS[2], counters = KEYS[3], ready = KEYS[4],
            waiting = KEYS[5], index = KEYS[6], busy = KEYS[7], parked = KEYS[8], hot = KEYS[9],
-           attempts = KEYS[10]}
+           attempts = KEYS[10], cancelled = KEYS[11]}
 local id, error = ARGV[1], ARGV[2]
 local rec = load(K.tasks, id)
 if not rec then return {'unknown'} end
@@ -56,6 +57,7 @@ elseif state == PARKED then
   rec[F_STATE] = CANCELLED
   rec[F_FINISHED] = now
   redis.call('HINCRBY', K.counters, 'cancelled', 1)
+  redis.call('ZADD', K.cancelled, now, id)
   save(K.tasks, id, rec)
   return {'cancelled', 'cancelled', error}
 end

@@ -62,7 +62,7 @@ if woke then
   if #expired > 0 then
     reap({tasks = tasks, errors = KEYS[4], counters = counters, ready = ready, waiting = waiting,
           index = index, dead = KEYS[9], busy = KEYS[10], parked = KEYS[11], hot = KEYS[12],
-          attempts = attempts},
+          attempts = attempts, cancelled = KEYS[15]},
          expired, now, front == '1', reaped)
   end
   -- Nothing left is due before the first of those scores (which is now or earlier when a

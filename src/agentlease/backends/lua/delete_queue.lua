@@ -9,7 +9,7 @@
 -- helpers: clock load member
 -- KEYS: 1 tasks, 2 payloads, 3 results, 4 progress, 5 checkpoints, 6 errors, 7 contexts,
 --       8 counters, 9 ready, 10 waiting, 11 index, 12 dead, 13 dedup, 14 busy, 15 parked, 16 hot,
---       17 attempts
+--       17 attempts, 18 done (by finished_at), 19 cancelled (by finished_at)
 -- ARGV: 1 cap, 2 force ('1') or not ('0')
 -- Returns: {'busy', live leases} when refused; else {'more' | 'gone', deleted ids...}.
 local tasks, counters, index = KEYS[1], KEYS[8], KEYS[11]
@@ -29,6 +29,8 @@ for _, id in ipairs(ids) do
   redis.call('ZREM', KEYS[10], id)
   redis.call('ZREM', index, id)
   redis.call('ZREM', KEYS[12], id)
+  redis.call('ZREM', KEYS[18], id)
+  redis.call('ZREM', KEYS[19], id)
   if rec[F_DEDUP] then redis.call('HDEL', KEYS[13], rec[F_DEDUP]) end
   local part = rec[F_PART]
   if part then

@@ -11,7 +11,8 @@
 -- helpers: clock fmt save_head expiry lower_wake
 -- KEYS: 1 tasks, 2 counters (claim's wake time), 3 index (leases by expiry, queued tasks),
 --       4 ready, 5 waiting, 6 busy, 7 parked, 8 hot (for a cancelled task's partition),
---       9 attempts (a cancelled lease's attempt ends)
+--       9 attempts (a cancelled lease's attempt ends), 10 cancelled (cancelled tasks by
+--       finished_at)
 -- ARGV: 1 lease_for seconds, then 2 values per lease: task id, token
 -- Returns: one value per lease, in order: the new expires_at as a string, or nil if not held.
 local tasks, counters, index = KEYS[1], KEYS[2], KEYS[3]
@@ -37,7 +38,7 @@ for i = 2, #ARGV, 2 do
     -- helpers here: load save end_cancelled
     local K = {tasks = tasks, counters = counters, ready = KEYS[4], waiting = KEYS[5],
                index = index, busy = KEYS[6], parked = KEYS[7], hot = KEYS[8],
-               attempts = KEYS[9]}
+               attempts = KEYS[9], cancelled = KEYS[10]}
     redis.call('ZREM', index, id)
     end_cancelled(K, id, load(tasks, id), now)
     out[#out + 1] = false

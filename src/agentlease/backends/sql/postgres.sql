@@ -342,6 +342,256 @@ SELECT k.key, k.state, k.fingerprint, k.fence, k.holder,
 FROM (SELECT clock_timestamp() AS now) c
 JOIN agentlease_keys k ON k.key = %(key)s AND k.purge_at > c.now;
 
+-- name: purge_done
+-- Up to %(limit)s done tasks of the queue that finished %(older_than)s seconds ago or earlier,
+-- oldest first, through the partial index agentlease_tasks_done (queue, finished_at), bounded by
+-- the clock read once. Rows another transaction holds are skipped; the rows picked stay locked
+-- until the DELETE, which finds them by primary key (an array, so that no plan joins the whole
+-- table). One statement: one atomic step. The state is written out (not a parameter) so that a
+-- generic plan still matches the partial index.
+WITH doomed AS MATERIALIZED (
+    SELECT t.id FROM agentlease_tasks t
+    WHERE t.queue = %(queue)s AND t.state = 'done'
+      AND t.finished_at <= (SELECT clock_timestamp()) - make_interval(secs => %(older_than)s::float8)
+    ORDER BY t.finished_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM agentlease_tasks t WHERE t.id = ANY (ARRAY(SELECT d.id FROM doomed d));
+
+-- name: purge_dead
+-- As purge_done, for dead letters, through agentlease_tasks_dead.
+WITH doomed AS MATERIALIZED (
+    SELECT t.id FROM agentlease_tasks t
+    WHERE t.queue = %(queue)s AND t.state = 'dead'
+      AND t.finished_at <= (SELECT clock_timestamp()) - make_interval(secs => %(older_than)s::float8)
+    ORDER BY t.finished_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM agentlease_tasks t WHERE t.id = ANY (ARRAY(SELECT d.id FROM doomed d));
+
+-- name: purge_cancelled
+-- As purge_done, for cancelled tasks, through agentlease_tasks_cancelled (0009_cancel.sql).
+WITH doomed AS MATERIALIZED (
+    SELECT t.id FROM agentlease_tasks t
+    WHERE t.queue = %(queue)s AND t.state = 'cancelled'
+      AND t.finished_at <= (SELECT clock_timestamp()) - make_interval(secs => %(older_than)s::float8)
+    ORDER BY t.finished_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM agentlease_tasks t WHERE t.id = ANY (ARRAY(SELECT d.id FROM doomed d));
+
+-- name: state_purge
+-- Expired retry budgets and circuit breakers, up to %(limit)s of each, in one statement, each
+-- read through its expiry index (0010_retention.sql), visiting only the rows it deletes.
+-- FOR UPDATE re-checks expires_at on a row another transaction just renewed, and SKIP LOCKED
+-- passes over a row being written now.
+WITH budgets AS (
+    DELETE FROM agentlease_budgets b WHERE b.key = ANY (ARRAY(
+        SELECT x.key FROM agentlease_budgets x
+        WHERE x.expires_at <= (SELECT clock_timestamp())
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED
+    ))
+    RETURNING 1
+), breakers AS (
+    DELETE FROM agentlease_breakers b WHERE b.key = ANY (ARRAY(
+        SELECT x.key FROM agentlease_breakers x
+        WHERE x.expires_at <= (SELECT clock_timestamp())
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED
+    ))
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM budgets) + (SELECT count(*) FROM breakers);
+
+-- name: list_queued
+-- Listings, one page each, through the state's partial index: the first page from the index's
+-- start; a later one from the cursor's position: the rows tied with it on the index's values
+-- (after it by seq or id), then the rows past them, each part one range of the index, at most
+-- %(limit)s rows each. The last two columns are for the cursor: seq, and the index's time in
+-- whole microseconds (exact, where epoch seconds as a double may not be).
+SELECT t.id, t.queue, t.state, t.priority, t.payload, t.attempt, t.reclaims, t.failures,
+       t.max_reclaims, extract(epoch FROM t.created_at)::float8,
+       extract(epoch FROM t.run_at)::float8, t.dedup_key,
+       extract(epoch FROM t.leased_at)::float8, extract(epoch FROM t.expires_at)::float8,
+       extract(epoch FROM t.finished_at)::float8, t.progress, t.checkpoint, t.result, t.error,
+       t.partition, t.context, t.seq,
+       (extract(epoch FROM t.expires_at) * 1000000)::bigint AS us
+FROM agentlease_tasks t
+WHERE t.queue = %(queue)s AND t.state = 'queued'
+ORDER BY t.priority DESC, t.seq LIMIT %(limit)s;
+
+-- name: list_queued_after
+(SELECT t.id, t.queue, t.state, t.priority, t.payload, t.attempt, t.reclaims, t.failures,
+       t.max_reclaims, extract(epoch FROM t.created_at)::float8,
+       extract(epoch FROM t.run_at)::float8, t.dedup_key,
+       extract(epoch FROM t.leased_at)::float8, extract(epoch FROM t.expires_at)::float8,
+       extract(epoch FROM t.finished_at)::float8, t.progress, t.checkpoint, t.result, t.error,
+       t.partition, t.context, t.seq,
+       (extract(epoch FROM t.expires_at) * 1000000)::bigint AS us
+FROM agentlease_tasks t
+WHERE t.queue = %(queue)s AND t.state = 'queued' AND t.priority = %(p)s AND t.seq > %(s)s
+ORDER BY t.seq LIMIT %(limit)s)
+UNION ALL
+(SELECT t.id, t.queue, t.state, t.priority, t.payload, t.attempt, t.reclaims, t.failures,
+       t.max_reclaims, extract(epoch FROM t.created_at)::float8,
+       extract(epoch FROM t.run_at)::float8, t.dedup_key,
+       extract(epoch FROM t.leased_at)::float8, extract(epoch FROM t.expires_at)::float8,
+       extract(epoch FROM t.finished_at)::float8, t.progress, t.checkpoint, t.result, t.error,
+       t.partition, t.context, t.seq,
+       (extract(epoch FROM t.expires_at) * 1000000)::bigint AS us
+FROM agentlease_tasks t
+WHERE t.queue = %(queue)s AND t.state = 'queued' AND t.priority < %(p)s
+ORDER BY t.priority DESC, t.seq LIMIT %(limit)s)
+ORDER BY 4 DESC, 22 LIMIT %(limit)s;
+
+-- name: list_leased
+SELECT t.id, t.queue, t.state, t.priority, t.payload, t.attempt, t.reclaims, t.failures,
+       t.max_reclaims, extract(epoch FROM t.created_at)::float8,
+       extract(epoch FROM t.run_at)::float8, t.dedup_key,
+       extract(epoch FROM t.leased_at)::float8, extract(epoch FROM t.expires_at)::float8,
+       extract(epoch FROM t.finished_at)::float8, t.progress, t.checkpoint, t.result, t.error,
+       t.partition, t.context, t.seq,
+       (extract(epoch FROM t.expires_at) * 1000000)::bigint AS us
+FROM agentlease_tasks t
+WHERE t.queue = %(queue)s AND t.state = 'leased'
+ORDER BY t.expires_at, t.id LIMIT %(limit)s;
+
+-- name: list_leased_after
+(SELECT t.id, t.queue, t.state, t.priority, t.payload, t.attempt, t.reclaims, t.failures,
+       t.max_reclaims, extract(epoch FROM t.created_at)::float8,
+       extract(epoch FROM t.run_at)::float8, t.dedup_key,
+       extract(epoch FROM t.leased_at)::float8, extract(epoch FROM t.expires_at)::float8,
+       extract(epoch FROM t.finished_at)::float8, t.progress, t.checkpoint, t.result, t.error,
+       t.partition, t.context, t.seq,
+       (extract(epoch FROM t.expires_at) * 1000000)::bigint AS us
+FROM agentlease_tasks t
+WHERE t.queue = %(queue)s AND t.state = 'leased' AND t.expires_at = 'epoch'::timestamptz + %(us)s::bigint * interval '1 microsecond' AND t.id > %(id)s
+ORDER BY t.id LIMIT %(limit)s)
+UNION ALL
+(SELECT t.id, t.queue, t.state, t.priority, t.payload, t.attempt, t.reclaims, t.failures,
+       t.max_reclaims, extract(epoch FROM t.created_at)::float8,
+       extract(epoch FROM t.run_at)::float8, t.dedup_key,
+       extract(epoch FROM t.leased_at)::float8, extract(epoch FROM t.expires_at)::float8,
+       extract(epoch FROM t.finished_at)::float8, t.progress, t.checkpoint, t.result, t.error,
+       t.partition, t.context, t.seq,
+       (extract(epoch FROM t.expires_at) * 1000000)::bigint AS us
+FROM agentlease_tasks t
+WHERE t.queue = %(queue)s AND t.state = 'leased' AND t.expires_at > 'epoch'::timestamptz + %(us)s::bigint * interval '1 microsecond'
+ORDER BY t.expires_at, t.id LIMIT %(limit)s)
+ORDER BY 23, 1 LIMIT %(limit)s;
+
+-- name: list_done
+SELECT t.id, t.queue, t.state, t.priority, t.payload, t.attempt, t.reclaims, t.failures,
+       t.max_reclaims, extract(epoch FROM t.created_at)::float8,
+       extract(epoch FROM t.run_at)::float8, t.dedup_key,
+       extract(epoch FROM t.leased_at)::float8, extract(epoch FROM t.expires_at)::float8,
+       extract(epoch FROM t.finished_at)::float8, t.progress, t.checkpoint, t.result, t.error,
+       t.partition, t.context, t.seq,
+       (extract(epoch FROM t.finished_at) * 1000000)::bigint AS us
+FROM agentlease_tasks t
+WHERE t.queue = %(queue)s AND t.state = 'done'
+ORDER BY t.finished_at DESC, t.id DESC LIMIT %(limit)s;
+
+-- name: list_done_after
+(SELECT t.id, t.queue, t.state, t.priority, t.payload, t.attempt, t.reclaims, t.failures,
+       t.max_reclaims, extract(epoch FROM t.created_at)::float8,
+       extract(epoch FROM t.run_at)::float8, t.dedup_key,
+       extract(epoch FROM t.leased_at)::float8, extract(epoch FROM t.expires_at)::float8,
+       extract(epoch FROM t.finished_at)::float8, t.progress, t.checkpoint, t.result, t.error,
+       t.partition, t.context, t.seq,
+       (extract(epoch FROM t.finished_at) * 1000000)::bigint AS us
+FROM agentlease_tasks t
+WHERE t.queue = %(queue)s AND t.state = 'done' AND t.finished_at = 'epoch'::timestamptz + %(us)s::bigint * interval '1 microsecond' AND t.id < %(id)s
+ORDER BY t.id DESC LIMIT %(limit)s)
+UNION ALL
+(SELECT t.id, t.queue, t.state, t.priority, t.payload, t.attempt, t.reclaims, t.failures,
+       t.max_reclaims, extract(epoch FROM t.created_at)::float8,
+       extract(epoch FROM t.run_at)::float8, t.dedup_key,
+       extract(epoch FROM t.leased_at)::float8, extract(epoch FROM t.expires_at)::float8,
+       extract(epoch FROM t.finished_at)::float8, t.progress, t.checkpoint, t.result, t.error,
+       t.partition, t.context, t.seq,
+       (extract(epoch FROM t.finished_at) * 1000000)::bigint AS us
+FROM agentlease_tasks t
+WHERE t.queue = %(queue)s AND t.state = 'done' AND t.finished_at < 'epoch'::timestamptz + %(us)s::bigint * interval '1 microsecond'
+ORDER BY t.finished_at DESC, t.id DESC LIMIT %(limit)s)
+ORDER BY 23 DESC, 1 DESC LIMIT %(limit)s;
+
+-- name: list_dead
+SELECT t.id, t.queue, t.state, t.priority, t.payload, t.attempt, t.reclaims, t.failures,
+       t.max_reclaims, extract(epoch FROM t.created_at)::float8,
+       extract(epoch FROM t.run_at)::float8, t.dedup_key,
+       extract(epoch FROM t.leased_at)::float8, extract(epoch FROM t.expires_at)::float8,
+       extract(epoch FROM t.finished_at)::float8, t.progress, t.checkpoint, t.result, t.error,
+       t.partition, t.context, t.seq,
+       (extract(epoch FROM t.finished_at) * 1000000)::bigint AS us
+FROM agentlease_tasks t
+WHERE t.queue = %(queue)s AND t.state = 'dead'
+ORDER BY t.finished_at DESC, t.id DESC LIMIT %(limit)s;
+
+-- name: list_dead_after
+(SELECT t.id, t.queue, t.state, t.priority, t.payload, t.attempt, t.reclaims, t.failures,
+       t.max_reclaims, extract(epoch FROM t.created_at)::float8,
+       extract(epoch FROM t.run_at)::float8, t.dedup_key,
+       extract(epoch FROM t.leased_at)::float8, extract(epoch FROM t.expires_at)::float8,
+       extract(epoch FROM t.finished_at)::float8, t.progress, t.checkpoint, t.result, t.error,
+       t.partition, t.context, t.seq,
+       (extract(epoch FROM t.finished_at) * 1000000)::bigint AS us
+FROM agentlease_tasks t
+WHERE t.queue = %(queue)s AND t.state = 'dead' AND t.finished_at = 'epoch'::timestamptz + %(us)s::bigint * interval '1 microsecond' AND t.id < %(id)s
+ORDER BY t.id DESC LIMIT %(limit)s)
+UNION ALL
+(SELECT t.id, t.queue, t.state, t.priority, t.payload, t.attempt, t.reclaims, t.failures,
+       t.max_reclaims, extract(epoch FROM t.created_at)::float8,
+       extract(epoch FROM t.run_at)::float8, t.dedup_key,
+       extract(epoch FROM t.leased_at)::float8, extract(epoch FROM t.expires_at)::float8,
+       extract(epoch FROM t.finished_at)::float8, t.progress, t.checkpoint, t.result, t.error,
+       t.partition, t.context, t.seq,
+       (extract(epoch FROM t.finished_at) * 1000000)::bigint AS us
+FROM agentlease_tasks t
+WHERE t.queue = %(queue)s AND t.state = 'dead' AND t.finished_at < 'epoch'::timestamptz + %(us)s::bigint * interval '1 microsecond'
+ORDER BY t.finished_at DESC, t.id DESC LIMIT %(limit)s)
+ORDER BY 23 DESC, 1 DESC LIMIT %(limit)s;
+
+-- name: list_cancelled
+SELECT t.id, t.queue, t.state, t.priority, t.payload, t.attempt, t.reclaims, t.failures,
+       t.max_reclaims, extract(epoch FROM t.created_at)::float8,
+       extract(epoch FROM t.run_at)::float8, t.dedup_key,
+       extract(epoch FROM t.leased_at)::float8, extract(epoch FROM t.expires_at)::float8,
+       extract(epoch FROM t.finished_at)::float8, t.progress, t.checkpoint, t.result, t.error,
+       t.partition, t.context, t.seq,
+       (extract(epoch FROM t.finished_at) * 1000000)::bigint AS us
+FROM agentlease_tasks t
+WHERE t.queue = %(queue)s AND t.state = 'cancelled'
+ORDER BY t.finished_at DESC, t.id DESC LIMIT %(limit)s;
+
+-- name: list_cancelled_after
+(SELECT t.id, t.queue, t.state, t.priority, t.payload, t.attempt, t.reclaims, t.failures,
+       t.max_reclaims, extract(epoch FROM t.created_at)::float8,
+       extract(epoch FROM t.run_at)::float8, t.dedup_key,
+       extract(epoch FROM t.leased_at)::float8, extract(epoch FROM t.expires_at)::float8,
+       extract(epoch FROM t.finished_at)::float8, t.progress, t.checkpoint, t.result, t.error,
+       t.partition, t.context, t.seq,
+       (extract(epoch FROM t.finished_at) * 1000000)::bigint AS us
+FROM agentlease_tasks t
+WHERE t.queue = %(queue)s AND t.state = 'cancelled' AND t.finished_at = 'epoch'::timestamptz + %(us)s::bigint * interval '1 microsecond' AND t.id < %(id)s
+ORDER BY t.id DESC LIMIT %(limit)s)
+UNION ALL
+(SELECT t.id, t.queue, t.state, t.priority, t.payload, t.attempt, t.reclaims, t.failures,
+       t.max_reclaims, extract(epoch FROM t.created_at)::float8,
+       extract(epoch FROM t.run_at)::float8, t.dedup_key,
+       extract(epoch FROM t.leased_at)::float8, extract(epoch FROM t.expires_at)::float8,
+       extract(epoch FROM t.finished_at)::float8, t.progress, t.checkpoint, t.result, t.error,
+       t.partition, t.context, t.seq,
+       (extract(epoch FROM t.finished_at) * 1000000)::bigint AS us
+FROM agentlease_tasks t
+WHERE t.queue = %(queue)s AND t.state = 'cancelled' AND t.finished_at < 'epoch'::timestamptz + %(us)s::bigint * interval '1 microsecond'
+ORDER BY t.finished_at DESC, t.id DESC LIMIT %(limit)s)
+ORDER BY 23 DESC, 1 DESC LIMIT %(limit)s;
+
 -- name: key_purge
 -- Oldest first through the purge_at index, bounded by the clock read once (a volatile call in
 -- the condition could not bound an index scan). Rows another transaction holds (a reserve

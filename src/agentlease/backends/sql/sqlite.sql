@@ -65,6 +65,14 @@ CREATE INDEX IF NOT EXISTS agentlease_leased
     ON agentlease_tasks (queue, expires_at) WHERE state = 'leased';
 CREATE INDEX IF NOT EXISTS agentlease_dead
     ON agentlease_tasks (queue, finished_at) WHERE state = 'dead';
+-- Retention (schema version 9): done tasks by finished time, so a purge visits only the tasks it
+-- deletes (dead letters have agentlease_dead). Built over the tasks already there when an older
+-- database is upgraded, so tasks finished before the upgrade are purged like any other.
+CREATE INDEX IF NOT EXISTS agentlease_done
+    ON agentlease_tasks (queue, finished_at) WHERE state = 'done';
+-- Cancelled tasks by finished time (schema version 10), for their purges and listings alike.
+CREATE INDEX IF NOT EXISTS agentlease_cancelled
+    ON agentlease_tasks (queue, finished_at) WHERE state = 'cancelled';
 CREATE UNIQUE INDEX IF NOT EXISTS agentlease_dedup
     ON agentlease_tasks (queue, dedup_key) WHERE dedup_key IS NOT NULL;
 -- Partitions (schema version 4). The busy index answers "is the partition busy" without
@@ -140,8 +148,8 @@ CREATE TABLE IF NOT EXISTS agentlease_locks (
 CREATE INDEX IF NOT EXISTS agentlease_locks_expiry
     ON agentlease_locks (expires_at) WHERE owner IS NOT NULL;
 -- Retry budgets and circuit breakers (schema version 6), one row per key. A row whose expires_at
--- has passed counts as absent and is overwritten by the key's next write (expired rows are not
--- deleted otherwise). A breaker's until is the end of its cool-down while open, the end of its
+-- has passed counts as absent and is overwritten by the key's next write, or deleted by
+-- purge_state (schema version 9). A breaker's until is the end of its cool-down while open, the end of its
 -- trial's turn while half-open, 0 while closed.
 CREATE TABLE IF NOT EXISTS agentlease_budgets (
     key        TEXT PRIMARY KEY,
@@ -157,6 +165,11 @@ CREATE TABLE IF NOT EXISTS agentlease_breakers (
     until      REAL NOT NULL,
     expires_at REAL NOT NULL
 ) WITHOUT ROWID;
+-- Retention (schema version 9): expired budgets and breakers are deleted through these, oldest
+-- first, visiting only the rows deleted.
+CREATE INDEX IF NOT EXISTS agentlease_budgets_expiry ON agentlease_budgets (expires_at);
+CREATE INDEX IF NOT EXISTS agentlease_breakers_expiry ON agentlease_breakers (expires_at);
+
 -- Attempt history (schema version 10): one row per attempt of a task, the last 20 kept, written
 -- by the triggers agentlease_attempt_open and agentlease_attempt_close inside the statement that
 -- claims or ends the lease. Live workers: one row per worker id, listed while expires_at is
@@ -488,6 +501,177 @@ SET state = CASE WHEN partition IS NOT NULL AND EXISTS (
     reclaims = 0, failures = 0, finished_at = NULL, seq = :seq, run_at = :now
 WHERE id = :id AND state = 'dead';
 
+-- name: purge_done
+-- Up to :limit done tasks of the queue that finished by :cutoff, oldest first, through the
+-- agentlease_done index (INDEXED BY: an error, never a scan, if it could not be used). One
+-- statement: one atomic step. Deleting the row frees its id and its dedup key.
+DELETE FROM agentlease_tasks WHERE id IN (
+    SELECT id FROM agentlease_tasks INDEXED BY agentlease_done
+    WHERE queue = :queue AND state = 'done' AND finished_at <= :cutoff
+    ORDER BY finished_at LIMIT :limit
+);
+
+-- name: purge_dead
+-- As purge_done, for dead letters, through the agentlease_dead index.
+DELETE FROM agentlease_tasks WHERE id IN (
+    SELECT id FROM agentlease_tasks INDEXED BY agentlease_dead
+    WHERE queue = :queue AND state = 'dead' AND finished_at <= :cutoff
+    ORDER BY finished_at LIMIT :limit
+);
+
+-- name: list_queued
+-- Listings (schema version 9), one page each, through the state's partial index (INDEXED BY:
+-- an error, never a scan, if it could not be used). The first page reads the index from its
+-- start; a later one from the cursor's position: the rows tied with it on the index's values
+-- (after it by id or seq), then the rows past them, each part a range of the index, at most
+-- :limit rows each. seq comes last, for the cursor of queued tasks.
+SELECT id, queue, state, priority, payload, attempt, reclaims, failures, max_reclaims,
+       created_at, run_at, dedup_key, leased_at, expires_at, finished_at, progress, checkpoint,
+       result, error, partition, context, seq
+FROM agentlease_tasks INDEXED BY agentlease_ready
+WHERE queue = :queue AND state = 'queued'
+ORDER BY priority DESC, seq LIMIT :limit;
+
+-- name: list_queued_after
+SELECT * FROM (
+SELECT id, queue, state, priority, payload, attempt, reclaims, failures, max_reclaims,
+       created_at, run_at, dedup_key, leased_at, expires_at, finished_at, progress, checkpoint,
+       result, error, partition, context, seq
+FROM agentlease_tasks INDEXED BY agentlease_ready
+WHERE queue = :queue AND state = 'queued' AND priority = :p AND seq > :s
+ORDER BY seq LIMIT :limit
+)
+UNION ALL
+SELECT * FROM (
+SELECT id, queue, state, priority, payload, attempt, reclaims, failures, max_reclaims,
+       created_at, run_at, dedup_key, leased_at, expires_at, finished_at, progress, checkpoint,
+       result, error, partition, context, seq
+FROM agentlease_tasks INDEXED BY agentlease_ready
+WHERE queue = :queue AND state = 'queued' AND priority < :p
+ORDER BY priority DESC, seq LIMIT :limit
+)
+ORDER BY 4 DESC, 22 LIMIT :limit;
+
+-- name: list_leased
+SELECT id, queue, state, priority, payload, attempt, reclaims, failures, max_reclaims,
+       created_at, run_at, dedup_key, leased_at, expires_at, finished_at, progress, checkpoint,
+       result, error, partition, context, seq
+FROM agentlease_tasks INDEXED BY agentlease_leased
+WHERE queue = :queue AND state = 'leased'
+ORDER BY expires_at, id LIMIT :limit;
+
+-- name: list_leased_after
+SELECT * FROM (
+SELECT id, queue, state, priority, payload, attempt, reclaims, failures, max_reclaims,
+       created_at, run_at, dedup_key, leased_at, expires_at, finished_at, progress, checkpoint,
+       result, error, partition, context, seq
+FROM agentlease_tasks INDEXED BY agentlease_leased
+WHERE queue = :queue AND state = 'leased' AND expires_at = :at AND id > :id
+ORDER BY id LIMIT :limit
+)
+UNION ALL
+SELECT * FROM (
+SELECT id, queue, state, priority, payload, attempt, reclaims, failures, max_reclaims,
+       created_at, run_at, dedup_key, leased_at, expires_at, finished_at, progress, checkpoint,
+       result, error, partition, context, seq
+FROM agentlease_tasks INDEXED BY agentlease_leased
+WHERE queue = :queue AND state = 'leased' AND expires_at > :at
+ORDER BY expires_at, id LIMIT :limit
+)
+ORDER BY 14, 1 LIMIT :limit;
+
+-- name: list_done
+SELECT id, queue, state, priority, payload, attempt, reclaims, failures, max_reclaims,
+       created_at, run_at, dedup_key, leased_at, expires_at, finished_at, progress, checkpoint,
+       result, error, partition, context, seq
+FROM agentlease_tasks INDEXED BY agentlease_done
+WHERE queue = :queue AND state = 'done'
+ORDER BY finished_at DESC, id DESC LIMIT :limit;
+
+-- name: list_done_after
+SELECT * FROM (
+SELECT id, queue, state, priority, payload, attempt, reclaims, failures, max_reclaims,
+       created_at, run_at, dedup_key, leased_at, expires_at, finished_at, progress, checkpoint,
+       result, error, partition, context, seq
+FROM agentlease_tasks INDEXED BY agentlease_done
+WHERE queue = :queue AND state = 'done' AND finished_at = :at AND id < :id
+ORDER BY id DESC LIMIT :limit
+)
+UNION ALL
+SELECT * FROM (
+SELECT id, queue, state, priority, payload, attempt, reclaims, failures, max_reclaims,
+       created_at, run_at, dedup_key, leased_at, expires_at, finished_at, progress, checkpoint,
+       result, error, partition, context, seq
+FROM agentlease_tasks INDEXED BY agentlease_done
+WHERE queue = :queue AND state = 'done' AND finished_at < :at
+ORDER BY finished_at DESC, id DESC LIMIT :limit
+)
+ORDER BY 15 DESC, 1 DESC LIMIT :limit;
+
+-- name: list_dead
+SELECT id, queue, state, priority, payload, attempt, reclaims, failures, max_reclaims,
+       created_at, run_at, dedup_key, leased_at, expires_at, finished_at, progress, checkpoint,
+       result, error, partition, context, seq
+FROM agentlease_tasks INDEXED BY agentlease_dead
+WHERE queue = :queue AND state = 'dead'
+ORDER BY finished_at DESC, id DESC LIMIT :limit;
+
+-- name: list_dead_after
+SELECT * FROM (
+SELECT id, queue, state, priority, payload, attempt, reclaims, failures, max_reclaims,
+       created_at, run_at, dedup_key, leased_at, expires_at, finished_at, progress, checkpoint,
+       result, error, partition, context, seq
+FROM agentlease_tasks INDEXED BY agentlease_dead
+WHERE queue = :queue AND state = 'dead' AND finished_at = :at AND id < :id
+ORDER BY id DESC LIMIT :limit
+)
+UNION ALL
+SELECT * FROM (
+SELECT id, queue, state, priority, payload, attempt, reclaims, failures, max_reclaims,
+       created_at, run_at, dedup_key, leased_at, expires_at, finished_at, progress, checkpoint,
+       result, error, partition, context, seq
+FROM agentlease_tasks INDEXED BY agentlease_dead
+WHERE queue = :queue AND state = 'dead' AND finished_at < :at
+ORDER BY finished_at DESC, id DESC LIMIT :limit
+)
+ORDER BY 15 DESC, 1 DESC LIMIT :limit;
+
+-- name: purge_cancelled
+-- As purge_done, for cancelled tasks, through the agentlease_cancelled index.
+DELETE FROM agentlease_tasks WHERE id IN (
+    SELECT id FROM agentlease_tasks INDEXED BY agentlease_cancelled
+    WHERE queue = :queue AND state = 'cancelled' AND finished_at <= :cutoff
+    ORDER BY finished_at LIMIT :limit
+);
+
+-- name: list_cancelled
+SELECT id, queue, state, priority, payload, attempt, reclaims, failures, max_reclaims,
+       created_at, run_at, dedup_key, leased_at, expires_at, finished_at, progress, checkpoint,
+       result, error, partition, context, seq
+FROM agentlease_tasks INDEXED BY agentlease_cancelled
+WHERE queue = :queue AND state = 'cancelled'
+ORDER BY finished_at DESC, id DESC LIMIT :limit;
+
+-- name: list_cancelled_after
+SELECT * FROM (
+SELECT id, queue, state, priority, payload, attempt, reclaims, failures, max_reclaims,
+       created_at, run_at, dedup_key, leased_at, expires_at, finished_at, progress, checkpoint,
+       result, error, partition, context, seq
+FROM agentlease_tasks INDEXED BY agentlease_cancelled
+WHERE queue = :queue AND state = 'cancelled' AND finished_at = :at AND id < :id
+ORDER BY id DESC LIMIT :limit
+)
+UNION ALL
+SELECT * FROM (
+SELECT id, queue, state, priority, payload, attempt, reclaims, failures, max_reclaims,
+       created_at, run_at, dedup_key, leased_at, expires_at, finished_at, progress, checkpoint,
+       result, error, partition, context, seq
+FROM agentlease_tasks INDEXED BY agentlease_cancelled
+WHERE queue = :queue AND state = 'cancelled' AND finished_at < :at
+ORDER BY finished_at DESC, id DESC LIMIT :limit
+)
+ORDER BY 15 DESC, 1 DESC LIMIT :limit;
+
 -- name: key_row
 SELECT key, state, fingerprint, fence, holder, expires_at, result, error, created_at,
        finished_at, purge_at
@@ -628,6 +812,18 @@ WHERE name = :name AND token = :token AND expires_at > :now;
 -- name: hold_end
 DELETE FROM agentlease_counter_holds WHERE name = :name AND token = :token
 RETURNING units;
+
+-- name: budget_purge
+DELETE FROM agentlease_budgets WHERE key IN (
+    SELECT key FROM agentlease_budgets INDEXED BY agentlease_budgets_expiry
+    WHERE expires_at <= :now ORDER BY expires_at LIMIT :limit
+);
+
+-- name: breaker_purge
+DELETE FROM agentlease_breakers WHERE key IN (
+    SELECT key FROM agentlease_breakers INDEXED BY agentlease_breakers_expiry
+    WHERE expires_at <= :now ORDER BY expires_at LIMIT :limit
+);
 
 -- name: budget_get
 SELECT calls, retries, expires_at FROM agentlease_budgets WHERE key = :key;
