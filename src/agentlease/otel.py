@@ -56,6 +56,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 from opentelemetry import metrics, trace
 from opentelemetry.context import Context, attach
@@ -68,6 +69,9 @@ from agentlease import _telemetry
 from agentlease import _validate as check
 from agentlease._events import Event
 from agentlease._records import STATES, Enqueued, Job, NewTask, QueueStats
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.resources import Resource
 
 __all__ = ["Instrumentation", "instrument", "instrument_from_env"]
 
@@ -392,7 +396,12 @@ def instrument(
     return installed
 
 
-def instrument_from_env(*, service_name: str = "agentlease-worker") -> Callable[[], None]:
+def instrument_from_env(
+    *,
+    service_name: str = "agentlease-worker",
+    stats_interval: float = 15.0,
+    metric_readers: Sequence[object] = (),
+) -> Callable[[], None]:
     """:func:`instrument` with the global providers, as ``agentlease worker --otel`` does.
 
     When the OpenTelemetry SDK is installed and no global provider is set (as
@@ -404,28 +413,45 @@ def instrument_from_env(*, service_name: str = "agentlease-worker") -> Callable[
     each exporter's own variables (``OTEL_EXPORTER_OTLP_ENDPOINT``, ...). Without the SDK the
     global providers are OpenTelemetry's no-op ones unless the application set others.
 
+    ``metric_readers`` (SDK metric readers, such as the Prometheus one of
+    ``agentlease worker --metrics-port``) read agentlease's metrics too: they need the SDK, and
+    the metrics then go to a meter provider of this function's (the global one if none was set)
+    with those readers and the exporters the environment names. ``stats_interval`` is
+    :func:`instrument`'s.
+
     Returns:
         A function that flushes and shuts down the providers set here (nothing if none was).
     """
     try:
         from opentelemetry import sdk  # noqa: F401
     except ImportError:
-        instrument()
+        if metric_readers:
+            raise
+        instrument(stats_interval=stats_interval)
         return lambda: None
-    return _instrument_with_sdk(service_name)
+    return _instrument_with_sdk(service_name, stats_interval, metric_readers)
 
 
-def _instrument_with_sdk(service_name: str) -> Callable[[], None]:
-    from opentelemetry.sdk.metrics import MeterProvider
-    from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
+def _resource(service_name: str) -> Resource:
+    """The SDK resource: the ``OTEL_*`` variables', with ``service_name`` unless they name one."""
     from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
     named = "OTEL_SERVICE_NAME" in os.environ or "service.name=" in os.environ.get(
         "OTEL_RESOURCE_ATTRIBUTES", ""
     )
-    resource = Resource.create({} if named else {"service.name": service_name})
+    return Resource.create({} if named else {"service.name": service_name})
+
+
+def _instrument_with_sdk(
+    service_name: str, stats_interval: float, extra_readers: Sequence[object]
+) -> Callable[[], None]:
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
+    from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    resource = _resource(service_name)
+    meter_provider: MeterProvider | None = None
     shutdowns: list[Callable[[], object]] = []
     if type(trace.get_tracer_provider()).__name__ == "ProxyTracerProvider":
         tracers = SdkTracerProvider(resource=resource)
@@ -433,17 +459,21 @@ def _instrument_with_sdk(service_name: str) -> Callable[[], None]:
             tracers.add_span_processor(BatchSpanProcessor(exporter))  # type: ignore[arg-type]
         trace.set_tracer_provider(tracers)
         shutdowns.append(tracers.shutdown)
-    if type(metrics.get_meter_provider()).__name__ == "_ProxyMeterProvider":
-        readers: list[MetricReader] = []
+    unset = type(metrics.get_meter_provider()).__name__ == "_ProxyMeterProvider"
+    if unset or extra_readers:
+        readers: list[MetricReader] = [r for r in extra_readers if isinstance(r, MetricReader)]
         for exporter in _exporters("OTEL_METRICS_EXPORTER", "opentelemetry_metrics_exporter"):
             if isinstance(exporter, MetricReader):
                 readers.append(exporter)  # a pull reader (Prometheus)
             else:
                 readers.append(PeriodicExportingMetricReader(exporter))  # type: ignore[arg-type]
         meters = MeterProvider(resource=resource, metric_readers=readers)
-        metrics.set_meter_provider(meters)
+        if unset:
+            metrics.set_meter_provider(meters)
+        if extra_readers:
+            meter_provider = meters  # the application's provider, if set, lacks the readers
         shutdowns.append(meters.shutdown)
-    installed = instrument()
+    installed = instrument(meter_provider=meter_provider, stats_interval=stats_interval)
 
     def shutdown() -> None:
         installed.uninstrument()

@@ -502,8 +502,9 @@ def test_stats_show_hot_partitions(run) -> None:
 def test_the_worker_command_imports_no_other_command_no_rich_and_no_driver(tmp_path: Path) -> None:
     """Start-up: ``agentlease worker`` on SQLite loads its own module only (no bench, demo or
     admin tables, no rich, no Redis or PostgreSQL driver, no dashboard, no scheduler, no
-    OpenTelemetry without ``--otel``), and of the library only what a worker uses (no
-    idempotency, shared state, counter holds or memory store)."""
+    OpenTelemetry without ``--otel``, no Prometheus client without ``--metrics-port``), and of
+    the library only what a worker uses (no idempotency, shared state, counter holds or memory
+    store)."""
     code = textwrap.dedent(
         f"""
         import sys
@@ -524,7 +525,8 @@ def test_the_worker_command_imports_no_other_command_no_rich_and_no_driver(tmp_p
                     "agentlease._sync.scheduler", "agentlease._wakeup",
                     "agentlease.backends.memory", "agentlease.backends._memory",
                     "agentlease.dashboard", "starlette", "uvicorn", "jinja2",
-                    "opentelemetry", "agentlease.otel")
+                    "opentelemetry", "agentlease.otel", "prometheus_client",
+                    "agentlease.prometheus")
         print(",".join(sorted(m for m in sys.modules if m.startswith(prefixes))))
         """
     )

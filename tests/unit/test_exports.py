@@ -170,12 +170,13 @@ def test_importing_the_package_loads_only_the_exception_tree() -> None:
 
 def test_importing_the_package_loads_no_optional_extra() -> None:
     """Neither ``import agentlease`` nor its queue load a driver, the dashboard's stack, the cron
-    parser or OpenTelemetry."""
+    parser, OpenTelemetry or the Prometheus client."""
     code = (
         "import sys, agentlease\n"
         "agentlease.Queue, agentlease.AsyncQueue, agentlease.connect\n"
         "extras = ('redis', 'psycopg', 'starlette', 'uvicorn', 'jinja2', 'agentlease.dashboard',"
-        " 'cronsim', 'opentelemetry', 'agentlease.otel')\n"
+        " 'cronsim', 'opentelemetry', 'agentlease.otel', 'prometheus_client',"
+        " 'agentlease.prometheus')\n"
         "print(','.join(sorted(m for m in sys.modules if m.startswith(extras))))"
     )
     out = subprocess.run(
@@ -192,7 +193,8 @@ def test_a_queue_and_a_worker_load_no_opentelemetry_unless_instrumented() -> Non
         "q = al.Queue.connect('memory://')\n"
         "q.enqueue('q', 1)\n"
         "al.Worker(q, 'q', lambda ctx: None).run(burst=True, handle_signals=False)\n"
-        "otel = ('opentelemetry', 'agentlease.otel')\n"
+        "otel = ('opentelemetry', 'agentlease.otel', 'prometheus_client',"
+        " 'agentlease.prometheus')\n"
         "print(sorted(m for m in sys.modules if m.startswith(otel)))"
     )
     out = subprocess.run(

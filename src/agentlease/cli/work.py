@@ -59,15 +59,35 @@ def load_handler(spec: str) -> Handler:
     return handler
 
 
-def _instrument() -> Callable[[], None]:
-    """Instrument the process for ``--otel``; the function returned flushes the exporters."""
+def _instrument(
+    *, otel: bool, host: str, port: int | None, stats_interval: float
+) -> Callable[[], None]:
+    """Instrument the process for ``--otel`` and ``--metrics-port``; the function returned
+    flushes the exporters and stops the metrics server."""
+    if port is None:
+        try:
+            from agentlease.otel import instrument_from_env
+        except ImportError as exc:
+            raise WorkerError(
+                f"--otel needs OpenTelemetry ({exc}); "
+                "install it with: pip install 'agentlease[otel]'"
+            ) from exc
+        return instrument_from_env(stats_interval=stats_interval)
     try:
-        from agentlease.otel import instrument_from_env
+        from agentlease.prometheus import serve_metrics
     except ImportError as exc:
         raise WorkerError(
-            f"--otel needs OpenTelemetry ({exc}); install it with: pip install 'agentlease[otel]'"
+            f"--metrics-port needs the Prometheus exporter ({exc}); "
+            "install it with: pip install 'agentlease[prometheus]'"
         ) from exc
-    return instrument_from_env()
+    try:
+        server, stop = serve_metrics(host, port, stats_interval=stats_interval, otel=otel)
+    except OSError as exc:
+        raise WorkerError(
+            f"--metrics-port: cannot serve metrics on {host}:{port}: {exc.strerror or exc}"
+        ) from exc
+    log.info("metrics on %s", server.url)
+    return stop
 
 
 @contextmanager
@@ -187,6 +207,27 @@ def _connect_patiently(url: str, *, give_up_after: float | None) -> Backend:
     help="Report metrics and traces through OpenTelemetry (the otel extra), configured by the "
     "OTEL_* environment variables.",
 )
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    default=None,
+    help="Serve the metrics in the Prometheus text format on http://HOST:PORT/metrics "
+    "(the prometheus extra).",
+)
+@click.option(
+    "--metrics-host",
+    default="127.0.0.1",
+    show_default=True,
+    help="The address --metrics-port listens on (0.0.0.0: every interface).",
+)
+@click.option(
+    "--stats-interval",
+    type=float,
+    default=15.0,
+    show_default=True,
+    help="Seconds between two reads of the queue's stats for the depth gauge "
+    "(--otel, --metrics-port).",
+)
 @reports_errors
 def worker(
     handler_spec: str,
@@ -208,6 +249,9 @@ def worker(
     purge_every: float,
     verbose: bool,
     otel: bool,
+    metrics_port: int | None,
+    metrics_host: str,
+    stats_interval: float,
 ) -> None:
     """Run MODULE:FUNCTION on the tasks of --queue until SIGTERM or SIGINT (or, with --burst,
     until the queue is empty).
@@ -226,6 +270,9 @@ def worker(
     --otel reports spans and metrics through OpenTelemetry's global providers; with the
     OpenTelemetry SDK installed and no provider set, the OTEL_* environment variables configure
     them (OTEL_TRACES_EXPORTER, OTEL_METRICS_EXPORTER, OTEL_SERVICE_NAME, ...).
+    --metrics-port serves the same metrics in the Prometheus text format on
+    http://--metrics-host:--metrics-port/metrics (with or without --otel); a port in use ends
+    the worker with status 2 before it claims anything.
 
     An unreachable store is logged and retried with backoff; a store that refuses the worker
     for good (authentication, permission, TLS, a missing or newer schema) ends it with status 2,
@@ -236,7 +283,12 @@ def worker(
     free again), idempotency keys past their window and expired locks, budgets and breakers.
     """
     handler = load_handler(handler_spec)
-    stop_otel = _instrument() if otel else None
+    stop_otel = None
+    if otel or metrics_port is not None:
+        with _logging(verbose):
+            stop_otel = _instrument(
+                otel=otel, host=metrics_host, port=metrics_port, stats_interval=stats_interval
+            )
     settings = WorkerSettings(
         concurrency=concurrency,
         batch=not no_batch,
