@@ -3,8 +3,9 @@
 # pyproject.toml declares (redis, hiredis, psycopg, psycopg-binary, psycopg-pool pinned to
 # their ">=" floors), in a venv of their own: a floor that is declared is a floor that is tested.
 # The same for the other extras: the dashboard (starlette, uvicorn, jinja2), cron schedules
-# (cronsim) and OpenTelemetry (opentelemetry-api, and the SDK the tests use) run their tests on
-# their floors too.
+# (cronsim), OpenTelemetry (opentelemetry-api, and the SDK the tests use) and the Prometheus
+# endpoint (opentelemetry-exporter-prometheus, prometheus-client) run their tests on their floors
+# too.
 #
 # The venv ($AGENTLEASE_FLOORS_VENV, default /tmp/agentlease-floors-venv) is reused while the
 # requirements it was built from are unchanged. Extra arguments go to pytest.
@@ -18,21 +19,24 @@ import re
 import tomllib
 
 FLOORS = {"redis", "hiredis", "psycopg", "psycopg-binary", "psycopg-pool", "starlette", "uvicorn",
-          "jinja2", "cronsim", "opentelemetry-api", "opentelemetry-sdk"}
+          "jinja2", "cronsim", "opentelemetry-api", "opentelemetry-sdk",
+          "opentelemetry-exporter-prometheus", "prometheus-client"}
 project = tomllib.load(open("pyproject.toml", "rb"))["project"]
 extras = project["optional-dependencies"]
 lines = [*project["dependencies"], *extras["redis"], *extras["postgres"], *extras["dashboard"],
-         *extras["cron"], *extras["otel"], *extras["test"]]
+         *extras["cron"], *extras["otel"], *extras["prometheus"], *extras["test"]]
 lines = [line for line in lines if not line.startswith("agentlease")] + ["hatchling", "editables"]
 out, pinned = [], set()
 for line in lines:
     match = re.fullmatch(r"([A-Za-z0-9_.-]+)(\[[^\]]*\])?(.*)", line.replace(" ", ""))
     name, extra, spec = match.groups()
     if name.lower() in FLOORS:
-        floor = re.fullmatch(r">=([0-9][0-9.]*)", spec)
+        floor = re.fullmatch(r">=([0-9][0-9.]*(?:[ab][0-9]+)?)", spec)
         if floor is None:
             raise SystemExit(f"{line!r}: a driver needs one '>=' floor in pyproject.toml")
-        out.append(f"{name}=={floor.group(1)}")  # the extra's packages are listed on their own
+        pinned_line = f"{name}=={floor.group(1)}"  # the extra's packages are listed on their own
+        if pinned_line not in out:  # a floor that two extras declare
+            out.append(pinned_line)
         pinned.add(name.lower())
     else:
         out.append(line)
@@ -50,7 +54,7 @@ if [[ ! -x "$venv/bin/python" ]] || [[ "$(cat "$venv/floors.txt" 2>/dev/null)" !
 fi
 # This checkout (the venv may have been built from another one); its dependencies are above.
 "$venv/bin/python" -m pip install -q --no-deps --no-build-isolation -e .
-"$venv/bin/python" -m pip list 2>/dev/null | grep -iE '^(redis|hiredis|psycopg|psycopg-binary|psycopg-pool|starlette|uvicorn|jinja2|cronsim|opentelemetry-api|opentelemetry-sdk) '
+"$venv/bin/python" -m pip list 2>/dev/null | grep -iE '^(redis|hiredis|psycopg|psycopg-binary|psycopg-pool|starlette|uvicorn|jinja2|cronsim|opentelemetry-api|opentelemetry-sdk|opentelemetry-exporter-prometheus|prometheus-client) '
 
 # Every contract test of Redis, Redis Cluster and PostgreSQL (claim, complete, extend, reap,
 # keys, records, counters, locks, partitions) except those that only refuse bad input before any
@@ -58,10 +62,10 @@ fi
 # AGENTLEASE_FLOORS_STORES narrows the stores ("redis" takes Redis Cluster too; "postgres").
 export AGENTLEASE_REQUIRE_SERVICES=1
 stores="${AGENTLEASE_FLOORS_STORES:-redis or postgres}"
-# The dashboard's HTTP tests, the schedules' tests (tick arithmetic, cron) and the metrics and
-# traces tests on their floors.
+# The dashboard's HTTP tests, the schedules' tests (tick arithmetic, cron), the metrics and
+# traces tests and the Prometheus endpoint's on their floors.
 "$venv/bin/python" -m pytest tests/integration/test_dashboard.py tests/unit/test_schedule.py \
-    tests/integration/test_otel.py \
+    tests/integration/test_otel.py tests/integration/test_prometheus.py \
     -q -p no:cacheprovider -k "memory or sqlite or not (redis or postgres)" "$@"
 exec "$venv/bin/python" -m pytest tests/contract -q -p no:cacheprovider \
     -k "($stores) and not bad_ and not refuses_non_json and not look_like_json and not holder_write_races and not faults_never" "$@"
