@@ -1,6 +1,8 @@
 """The web dashboard over HTTP, on every store: pages show what the store holds, every dynamic
 text is escaped, writes need the token and a request from the dashboard itself, and a store
-that cannot be reached gives a page with a banner (503), not a stack trace."""
+that cannot be reached gives a page with a banner (503), not a stack trace. ``/metrics``
+matches the store in the Prometheus text format, scraped in process and from a real
+``agentlease dashboard``."""
 
 from __future__ import annotations
 
@@ -306,6 +308,8 @@ def test_the_options_are_checked() -> None:
         create_app("memory://", token="")
     with pytest.raises(al.InvalidInput):
         create_app("memory://", refresh=-1)
+    with pytest.raises(al.InvalidInput):
+        create_app("memory://", metrics_interval=-1)
 
 
 def test_without_the_extra_the_command_names_it() -> None:
@@ -379,3 +383,119 @@ async def test_mounted_under_a_path_its_links_and_writes_stay_under_it(store) ->
         assert r.status_code == 303
         assert r.headers["location"] == f"/ops/dash/queues/{Q}?requeued=2"
     assert q.dead(Q) == []
+
+
+def _metrics(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def _expected(
+    q: al.Queue, workers: dict[str, int]
+) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    out: dict[tuple[str, frozenset[tuple[str, str]]], float] = {}
+    for name in q.queues():
+        counts = q.stats(name).counts
+        on = {"queue": name}
+        for state in STATES:
+            out[("agentlease_queue_tasks", frozenset({**on, "state": state}.items()))] = counts.get(
+                state, 0
+            )
+        out[("agentlease_queue_leases", frozenset(on.items()))] = counts.get("leased", 0)
+        out[("agentlease_queue_dead_letters", frozenset(on.items()))] = counts.get("dead", 0)
+        out[("agentlease_queue_workers", frozenset(on.items()))] = workers.get(name, 0)
+    out[("agentlease_workers", frozenset())] = sum(1 for _ in q.workers())
+    return out
+
+
+async def test_metrics_give_each_queue_s_depth_leases_workers_and_dead_letters(store) -> None:
+    """``/metrics`` in the Prometheus text format matches the store; it is read at most once
+    per interval (a scrape within it gives the same values), needs no token, and names no
+    state the store does not know."""
+    pytest.importorskip("prometheus_client", reason="the prometheus extra is not installed")
+    q = store.queue()
+    fill(q)
+    q.enqueue("other", "x")
+    q.register_worker("w1", {"queues": [Q], "host": "h"}, ttl=LIVE)
+    q.register_worker("w2", {"queues": [Q, "other"], "host": "h"}, ttl=LIVE)
+    app = lambda: create_app(queue=store.aqueue, token=TOKEN, metrics_interval=3600)  # noqa: E731
+    async with client(app) as c:
+        r = await c.get("/metrics")  # no token
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/plain; version=0.0.4")
+        got = _metrics(r.text)
+        got.pop(("agentlease_queue_oldest_queued_age_seconds", frozenset({("queue", Q)})))
+        got.pop(("agentlease_queue_oldest_queued_age_seconds", frozenset({("queue", "other")})))
+        assert got == _expected(q, {Q: 2, "other": 1})
+        assert got[("agentlease_queue_tasks", frozenset({("queue", Q), ("state", "queued")}))] == 3
+        assert got[("agentlease_queue_leases", frozenset({("queue", Q)}))] == 1
+        assert got[("agentlease_queue_dead_letters", frozenset({("queue", Q)}))] == 2
+        assert got[("agentlease_workers", frozenset())] == 2
+        q.enqueue_many(Q, ["g", "h"])
+        again = await c.get("/metrics")
+        assert again.text == r.text  # within the interval: the same read
+    async with client(lambda: create_app(queue=store.aqueue, metrics_interval=0)) as c:
+        got = _metrics((await c.get("/metrics")).text)
+    assert got[("agentlease_queue_tasks", frozenset({("queue", Q), ("state", "queued")}))] == 5
+    assert {
+        k: v for k, v in got.items() if k[0] != "agentlease_queue_oldest_queued_age_seconds"
+    } == (_expected(q, {Q: 2, "other": 1}))
+
+
+async def test_metrics_follow_the_host_rules_and_a_store_down_is_a_503(
+    tmp_path: Path, store
+) -> None:
+    app = lambda: create_app(queue=store.aqueue, allowed_hosts=["127.0.0.1", "localhost"])  # noqa: E731
+    async with client(app) as c:
+        assert (await c.get("/metrics")).status_code == 400  # dashboard.test is not allowed
+    async with client(lambda: create_app(f"sqlite:///{tmp_path / 'nowhere.db'}")) as c:
+        r = await c.get("/metrics")
+    assert r.status_code == 503
+    assert r.text.startswith("# the store cannot be read")
+    assert "Traceback" not in r.text
+
+
+def test_metrics_label_values_are_escaped() -> None:
+    from agentlease.dashboard._metrics import _label
+
+    assert _label('a"b\\c\nd') == 'a\\"b\\\\c\\nd'
+
+
+def test_the_dashboard_command_serves_metrics(tmp_path: Path) -> None:
+    """A real ``agentlease dashboard`` process, scraped over HTTP."""
+    import socket
+    import time
+
+    pytest.importorskip("prometheus_client", reason="the prometheus extra is not installed")
+    url = f"sqlite:///{tmp_path / 'd.db'}"
+    with al.Queue(al.connect(url)) as q:
+        q.enqueue_many(Q, ["a", "b"])
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "agentlease", "dashboard", "--backend", url, "--port", str(port)],
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                r = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5)
+                break
+            except httpx.TransportError:
+                assert process.poll() is None
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+    finally:
+        process.terminate()
+        process.wait(timeout=60)
+    assert r.status_code == 200
+    got = _metrics(r.text)
+    assert got[("agentlease_queue_tasks", frozenset({("queue", Q), ("state", "queued")}))] == 2
+    assert got[("agentlease_workers", frozenset())] == 0

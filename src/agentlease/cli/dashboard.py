@@ -48,10 +48,22 @@ def _loopback(host: str) -> bool:
     show_default=True,
     help="Seconds between reloads of the list pages (0: never).",
 )
+@click.option(
+    "--metrics-interval",
+    type=click.FloatRange(0, 3600),
+    default=5.0,
+    show_default=True,
+    help="Seconds /metrics keeps its read of the store, however often it is scraped.",
+)
 @reports_errors
-def dashboard(url: str, host: str, port: int, token: str | None, refresh: int) -> None:
+def dashboard(
+    url: str, host: str, port: int, token: str | None, refresh: int, metrics_interval: float
+) -> None:
     """Serve a web dashboard of the store: queues with counts and rates, live leases, dead
-    letters (requeue with --token), tasks and hot partitions."""
+    letters (requeue with --token), tasks and hot partitions.
+
+    /metrics gives each queue's tasks by state, leases, dead letters and live workers in the
+    Prometheus text format; like the pages it is read-only and needs no token."""
     try:
         import uvicorn
 
@@ -65,7 +77,13 @@ def dashboard(url: str, host: str, port: int, token: str | None, refresh: int) -
         raise BackendUnavailable(f"no SQLite database at {missing!r} (from {redact_url(url)!r})")
     local = _loopback(host)
     allowed = [*LOOPBACK_NAMES, host] if local else None
-    app = create_app(url, token=token, refresh=refresh, allowed_hosts=allowed)
+    app = create_app(
+        url,
+        token=token,
+        refresh=refresh,
+        allowed_hosts=allowed,
+        metrics_interval=metrics_interval,
+    )
     mode = "writes need the token" if token else "read-only (no --token)"
     click.echo(f"agentlease dashboard on http://{host}:{port}/ ({mode})", err=True)
     if not local:

@@ -13,6 +13,11 @@ that the login form sets (HttpOnly, SameSite=Strict) on a request whose Origin (
 the dashboard itself. Tokens are compared in constant time. A store that cannot be reached gives
 a page with the error in a banner (HTTP 503), never a stack trace.
 
+``/metrics`` serves each queue's tasks by state, leases, dead letters and live workers in the
+Prometheus text format (:mod:`agentlease.dashboard._metrics`), from one read of the store per
+few seconds however often it is scraped; read-only and without a token, like the pages, and
+under the same host-name rule.
+
 Needs the ``dashboard`` extra: ``pip install 'agentlease[dashboard]'``. Nothing else in
 agentlease imports this package.
 """

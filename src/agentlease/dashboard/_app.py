@@ -16,13 +16,14 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from agentlease._async.queue import AsyncQueue
 from agentlease._codec import JSON
 from agentlease._records import STATES, LeaseInfo, QueueStats, Task
 from agentlease._redact import redact_url
+from agentlease.dashboard._metrics import CONTENT_TYPE, MetricsCache
 from agentlease.dashboard._rates import MEASURED, Rate, RateMeter
 from agentlease.errors import (
     AgentLeaseError,
@@ -207,6 +208,7 @@ def create_app(
     token: str | None = None,
     refresh: int = 5,
     allowed_hosts: Sequence[str] | None = None,
+    metrics_interval: float = 5.0,
 ) -> Starlette:
     """The dashboard as an ASGI application.
 
@@ -219,10 +221,12 @@ def create_app(
         allowed_hosts: the host names requests may be addressed to (``Host`` header), which
             keeps a page served under another name (DNS rebinding) from reading the dashboard;
             ``None`` allows any.
+        metrics_interval: seconds ``/metrics`` (the Prometheus text format, read-only, no
+            token needed) keeps its read of the store, however often it is scraped.
 
     Raises:
-        InvalidInput: neither or both of ``url`` and ``queue``, an empty token, or a negative
-            refresh.
+        InvalidInput: neither or both of ``url`` and ``queue``, an empty token, a negative
+            refresh or a negative metrics interval.
     """
     if (url is None) == (queue is None):
         raise InvalidInput("give the dashboard a store: url or queue, not both")
@@ -235,8 +239,15 @@ def create_app(
     else:
         assert queue is not None
         store = _Store(queue, "")
+    if (
+        isinstance(metrics_interval, bool)
+        or not isinstance(metrics_interval, int | float)
+        or not metrics_interval >= 0
+    ):
+        raise InvalidInput(f"metrics_interval must be seconds >= 0, not {metrics_interval!r}")
     session = None if token is None else _session_value(token)
     meter = RateMeter()
+    scraped = MetricsCache(float(metrics_interval))
 
     def render(request: Request, template: str, status: int = 200, **context: Any) -> HTMLResponse:
         values: dict[str, Any] = {"refresh": 0, "error": None, "notice": None}
@@ -420,6 +431,18 @@ def create_app(
         response.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict")
         return response
 
+    async def metrics(request: Request) -> Response:
+        """The store's queues for Prometheus (read-only: no token, like the pages)."""
+        headers = {**HEADERS, "Content-Type": CONTENT_TYPE}
+        try:
+            text = await scraped.get(store.get())
+        except AgentLeaseError as exc:
+            await store.close()
+            scraped.forget()
+            error = f"# the store cannot be read: {exc or type(exc).__name__}\n"
+            return PlainTextResponse(error, status_code=503, headers=headers)
+        return PlainTextResponse(text, headers=headers)
+
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         try:
@@ -439,6 +462,7 @@ def create_app(
             Route("/login", login_page),
             Route("/login", login, methods=["POST"]),
             Route("/logout", logout, methods=["POST"]),
+            Route("/metrics", metrics),
         ],
         middleware=middleware,
         lifespan=lifespan,
