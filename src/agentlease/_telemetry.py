@@ -4,7 +4,9 @@ The queue and the worker call the hooks below only while an exporter is installe
 (:func:`current` is not ``None``); otherwise each hook site costs one global read. The only
 exporter is :mod:`agentlease.otel` (OpenTelemetry), installed by ``agentlease.otel.instrument()``;
 this module imports nothing of it, so ``import agentlease`` and ``agentlease worker`` without
-``--otel`` load no OpenTelemetry module.
+``--otel`` or ``--metrics-port`` load no OpenTelemetry module (``--metrics-port``,
+:mod:`agentlease.prometheus`, installs the same exporter with a meter provider that
+Prometheus scrapes).
 
 One installed exporter per process, like the OpenTelemetry providers it feeds: instrumentation
 follows the process (every queue client and worker in it), not one object.

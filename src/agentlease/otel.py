@@ -43,6 +43,11 @@ name                                  kind       what it counts or measures
 
 The counters and the settle spans are fed by the queue's and the worker's events
 (:class:`agentlease.Event`), so they count what the store accepted or refused.
+
+Prometheus: ``agentlease worker --metrics-port`` (:mod:`agentlease.prometheus`, the
+``prometheus`` extra) serves these instruments on a ``/metrics`` endpoint through
+OpenTelemetry's Prometheus exporter (``instrument_from_env(metric_readers=...)`` with
+``--otel``).
 """
 
 from __future__ import annotations
