@@ -4,6 +4,7 @@ did; a port in use and a missing extra end the command with one clear line and s
 
 from __future__ import annotations
 
+import os
 import queue as queues
 import socket
 import subprocess
@@ -193,3 +194,51 @@ def test_without_the_extra_the_worker_names_the_pip_command(
     assert out.returncode == 2, out.stderr
     assert "pip install 'agentlease[prometheus]'" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_with_otel_the_same_metrics_are_scraped_and_the_spans_exported(
+    sqlite_url: str, worker_dir: Path
+) -> None:
+    """``--otel --metrics-port``: the OTEL_* exporters get the spans (console here) and the
+    endpoint serves the metrics (one meter provider with both readers)."""
+    with al.Queue.connect(sqlite_url) as queue:
+        queue.enqueue(Q, "a", id="a")
+    env = {
+        **os.environ,
+        "OTEL_TRACES_EXPORTER": "console",
+        "OTEL_METRICS_EXPORTER": "none",
+        "OTEL_SERVICE_NAME": "prom-otel-worker",
+    }
+    process = subprocess.Popen(
+        _worker_command(sqlite_url, "--otel", "--metrics-port", "0"),
+        cwd=worker_dir,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stderr is not None
+        url = None
+        for line in process.stderr:
+            if "metrics on " in line:
+                url = line.split("metrics on ", 1)[1].strip()
+                break
+        assert url is not None
+        deadline = time.monotonic() + 60
+        while True:
+            samples = scrape(url)
+            on_q = {"messaging_destination_name": Q}
+            if value(samples, "agentlease_tasks_completed_total", **on_q) == 1:
+                break
+            assert time.monotonic() < deadline, samples
+            time.sleep(0.1)
+        assert any(
+            name == "target_info" and ("service_name", "prom-otel-worker") in labels
+            for name, labels in samples
+        )
+    finally:
+        process.terminate()
+        stdout, _ = process.communicate(timeout=60)
+    assert process.returncode == 0
+    assert f'"name": "run {Q}"' in stdout
