@@ -1,0 +1,24 @@
+"""MkDocs hook: Sphinx roles in docstrings shown as code.
+
+The docstrings are Google style with Sphinx roles (``:class:`~agentlease.Queue```); Markdown
+renders such a role as ``:class:<code>~agentlease.Queue</code>``. This hook drops the role and
+the ``~`` (keeping the last dotted part, as Sphinx shows it).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+_ROLE = re.compile(r":(?:py:)?(?:class|func|meth|attr|data|exc|mod|obj|const|pep):<code>(~?)([^<]*)</code>")
+
+
+def _code(match: re.Match[str]) -> str:
+    tilde, target = match.groups()
+    if tilde:
+        target = target.rsplit(".", 1)[-1]
+    return f"<code>{target}</code>"
+
+
+def on_page_content(html: str, **_kwargs: Any) -> str:
+    return _ROLE.sub(_code, html)
