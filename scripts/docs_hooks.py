@@ -2,7 +2,7 @@
 
 The docstrings are Google style with Sphinx roles (``:class:`~agentlease.Queue```); Markdown
 renders such a role as ``:class:<code>~agentlease.Queue</code>``. This hook drops the role and
-the ``~`` (keeping the last dotted part, as Sphinx shows it).
+the ``~`` (keeping the last dotted part, as Sphinx shows it); ``:pep:`562``` reads PEP 562.
 """
 
 from __future__ import annotations
@@ -10,11 +10,15 @@ from __future__ import annotations
 import re
 from typing import Any
 
-_ROLE = re.compile(r":(?:py:)?(?:class|func|meth|attr|data|exc|mod|obj|const|pep):<code>(~?)([^<]*)</code>")
+_ROLE = re.compile(
+    r":(?:py:)?(class|func|meth|attr|data|exc|mod|obj|const|pep):<code>(~?)([^<]*)</code>"
+)
 
 
 def _code(match: re.Match[str]) -> str:
-    tilde, target = match.groups()
+    role, tilde, target = match.groups()
+    if role == "pep":
+        return f"PEP {target}"
     if tilde:
         target = target.rsplit(".", 1)[-1]
     return f"<code>{target}</code>"
