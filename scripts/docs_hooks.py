@@ -2,7 +2,8 @@
 
 The docstrings are Google style with Sphinx roles (``:class:`~agentlease.Queue```); Markdown
 renders such a role as ``:class:<code>~agentlease.Queue</code>``. This hook drops the role and
-the ``~`` (keeping the last dotted part, as Sphinx shows it); ``:pep:`562``` reads PEP 562.
+the ``~`` (keeping the last dotted part, as Sphinx shows it), and ``:pep:`562``` reads PEP 562.
+The ``::`` that opens a reStructuredText literal block reads ``:``.
 """
 
 from __future__ import annotations
@@ -24,5 +25,9 @@ def _code(match: re.Match[str]) -> str:
     return f"<code>{target}</code>"
 
 
+# reStructuredText's "text::" before a literal block: the block renders as code, the colon stays.
+_LITERAL = re.compile(r"::</p>(\s*<div class=\"(?:highlight|language-)?)")
+
+
 def on_page_content(html: str, **_kwargs: Any) -> str:
-    return _ROLE.sub(_code, html)
+    return _LITERAL.sub(r":</p>\1", _ROLE.sub(_code, html))

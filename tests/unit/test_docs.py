@@ -76,6 +76,9 @@ def test_site_builds_strictly(tmp_path: Path) -> None:
     queue = (site / "reference" / "queue" / "index.html").read_text()
     assert ":class:" not in queue
     assert ":meth:" not in queue
+    errors = (site / "reference" / "errors" / "index.html").read_text()
+    assert "├── InvalidInput" in errors
+    assert "::</p>" not in errors
 
 
 def test_tutorial_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
