@@ -5,7 +5,8 @@
 # The same for the other extras: the dashboard (starlette, uvicorn, jinja2), cron schedules
 # (cronsim), OpenTelemetry (opentelemetry-api, and the SDK the tests use) and the Prometheus
 # endpoint (opentelemetry-exporter-prometheus, prometheus-client) run their tests on their floors
-# too.
+# too, and the documentation site (mkdocs, mkdocstrings, mkdocstrings-python, mkdocs-material) is
+# built on its floors.
 #
 # The venv ($AGENTLEASE_FLOORS_VENV, default /tmp/agentlease-floors-venv) is reused while the
 # requirements it was built from are unchanged. Extra arguments go to pytest.
@@ -20,11 +21,13 @@ import tomllib
 
 FLOORS = {"redis", "hiredis", "psycopg", "psycopg-binary", "psycopg-pool", "starlette", "uvicorn",
           "jinja2", "cronsim", "opentelemetry-api", "opentelemetry-sdk",
-          "opentelemetry-exporter-prometheus", "prometheus-client"}
+          "opentelemetry-exporter-prometheus", "prometheus-client", "mkdocs", "mkdocstrings",
+          "mkdocstrings-python", "mkdocs-material"}
 project = tomllib.load(open("pyproject.toml", "rb"))["project"]
 extras = project["optional-dependencies"]
 lines = [*project["dependencies"], *extras["redis"], *extras["postgres"], *extras["dashboard"],
-         *extras["cron"], *extras["otel"], *extras["prometheus"], *extras["test"]]
+         *extras["cron"], *extras["otel"], *extras["prometheus"], *extras["docs"],
+         *extras["test"]]
 lines = [line for line in lines if not line.startswith("agentlease")] + ["hatchling", "editables"]
 out, pinned = [], set()
 for line in lines:
@@ -54,7 +57,10 @@ if [[ ! -x "$venv/bin/python" ]] || [[ "$(cat "$venv/floors.txt" 2>/dev/null)" !
 fi
 # This checkout (the venv may have been built from another one); its dependencies are above.
 "$venv/bin/python" -m pip install -q --no-deps --no-build-isolation -e .
-"$venv/bin/python" -m pip list 2>/dev/null | grep -iE '^(redis|hiredis|psycopg|psycopg-binary|psycopg-pool|starlette|uvicorn|jinja2|cronsim|opentelemetry-api|opentelemetry-sdk|opentelemetry-exporter-prometheus|prometheus-client) '
+FLOORED="redis|hiredis|psycopg|psycopg-binary|psycopg-pool|starlette|uvicorn|jinja2|cronsim"
+FLOORED+="|opentelemetry-api|opentelemetry-sdk|opentelemetry-exporter-prometheus|prometheus-client"
+FLOORED+="|mkdocs|mkdocstrings|mkdocstrings-python|mkdocs-material"
+"$venv/bin/python" -m pip list 2>/dev/null | grep -iE "^($FLOORED) "
 
 # Every contract test of Redis, Redis Cluster and PostgreSQL (claim, complete, extend, reap,
 # keys, records, counters, locks, partitions) except those that only refuse bad input before any
@@ -63,9 +69,10 @@ fi
 export AGENTLEASE_REQUIRE_SERVICES=1
 stores="${AGENTLEASE_FLOORS_STORES:-redis or postgres}"
 # The dashboard's HTTP tests, the schedules' tests (tick arithmetic, cron), the metrics and
-# traces tests and the Prometheus endpoint's on their floors.
+# traces tests, the Prometheus endpoint's and the documentation site's strict build on their
+# floors.
 "$venv/bin/python" -m pytest tests/integration/test_dashboard.py tests/unit/test_schedule.py \
-    tests/integration/test_otel.py tests/integration/test_prometheus.py \
+    tests/integration/test_otel.py tests/integration/test_prometheus.py tests/unit/test_docs.py \
     -q -p no:cacheprovider -k "memory or sqlite or not (redis or postgres)" "$@"
 exec "$venv/bin/python" -m pytest tests/contract -q -p no:cacheprovider \
     -k "($stores) and not bad_ and not refuses_non_json and not look_like_json and not holder_write_races and not faults_never" "$@"

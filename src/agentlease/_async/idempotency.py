@@ -455,7 +455,9 @@ class AsyncIdempotency:
         Args:
             tool: the tool's name.
             args: its arguments (plain JSON).
-            step, task_id, key: see :meth:`identity`.
+            step: see :meth:`identity`.
+            task_id: see :meth:`identity`.
+            key: see :meth:`identity`.
             wait: seconds to wait for another attempt's reservation to finish (polling, with
                 jitter) before giving up with DuplicateInFlight. By default no wait, except in a
                 worker's job, which waits up to ``hold_for`` + 1 s: the lease on the task means
