@@ -38,7 +38,7 @@ def test_a_resent_purge_frees_the_same_ids(url: str, raw: Any) -> None:
         for job in q.claim("r", 3, lease_for=30):
             q.complete(job.lease, {"big": "x" * 300})
         link = q.backend._link  # type: ignore[attr-defined]
-        keys = queue_keys(prefix, "r").purge_done
+        keys = queue_keys(prefix, "r").purge["done"]
         first, _ = link.script("purge", keys, ("done", 0, 10, "nonce-1"), retry=False)
         again, _ = link.script("purge", keys, ("done", 0, 10, "nonce-1"), retry=False)
         assert sorted(first) == sorted(again)

@@ -102,7 +102,14 @@ async def test_a_janitor_round_works_off_a_backlog_in_bounded_batches(tmp_path: 
             await queue.complete(job.lease, None)
             ids.append(job.task_id)
         janitor = Janitor(queue, "jobs", 60, 2, random.Random(1))
-        assert await janitor.round() == {"done": 0, "dead": 0, "keys": 0, "locks": 0, "state": 0}
+        assert await janitor.round() == {
+            "done": 0,
+            "dead": 0,
+            "cancelled": 0,
+            "keys": 0,
+            "locks": 0,
+            "state": 0,
+        }
         # A retention at its floor would take a minute: the round's batches are what is tested.
         queue.settings = al.QueueSettings(done_retention=60)
         janitor.queue = _Aged(queue)  # type: ignore[assignment]

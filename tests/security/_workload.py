@@ -213,7 +213,7 @@ async def exercise_async(url: str) -> None:
         (job,) = await queue.claim("rights-async")
         assert (await queue.cancel(job.task_id, "async stop")).outcome == "requested"
         assert await queue.extend([job.lease]) == [None]
-        assert await queue.delete_queue("rights-async") == 2
+        assert await queue.delete_queue("rights-async") == 1  # the done task was purged above
     async with al.AsyncIdempotency.connect(url) as keys:
         task = uuid.uuid4().hex
         act = await keys.begin("send", {"to": "ada"}, step="s", task_id=task)

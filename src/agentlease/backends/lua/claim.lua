@@ -16,7 +16,8 @@
 -- helpers: clock save_head attempt_open
 -- KEYS: 1 tasks, 2 payloads, 3 checkpoints, 4 errors, 5 counters, 6 ready, 7 waiting,
 --       8 index, 9 dead, 10 busy (partition -> busy tasks), 11 parked, 12 hot (partition ->
---       minus its parked tasks), 13 contexts, 14 attempts (task id -> its attempt history)
+--       minus its parked tasks), 13 contexts, 14 attempts (task id -> its attempt history),
+--       15 cancelled (cancelled tasks by finished_at: a reaped lease a cancel was asked for)
 -- ARGV: 1 the terms, separated by single spaces: n, lease_for seconds, max_total seconds,
 --       progress_timeout seconds ('-' for none), reap to the front (1) or the back (0), cap on
 --       promotions and on reaps; 2 n tokens of 32 characters, concatenated; 3 the holder (the
