@@ -38,7 +38,7 @@ def _loopback(host: str) -> bool:
     "--token",
     default=lambda: os.environ.get("AGENTLEASE_DASHBOARD_TOKEN") or None,
     show_default="$AGENTLEASE_DASHBOARD_TOKEN",
-    help="Allow writes (requeueing dead letters) to those who give this token; "
+    help="Allow writes (requeueing dead letters, cancelling tasks) to those who give this token; "
     "without it the dashboard is read-only.",
 )
 @click.option(
@@ -51,7 +51,8 @@ def _loopback(host: str) -> bool:
 @reports_errors
 def dashboard(url: str, host: str, port: int, token: str | None, refresh: int) -> None:
     """Serve a web dashboard of the store: queues with counts and rates, live leases, dead
-    letters (requeue with --token), tasks and hot partitions."""
+    letters (requeue with --token), tasks by state (cancel with --token), workers and hot
+    partitions."""
     try:
         import uvicorn
 
