@@ -176,3 +176,19 @@ def test_the_sqlite_demo_report_says_where_its_database_was(tmp_path: Path) -> N
     report = json.loads(piped("demo", *small, "--json", "--backend", f"sqlite:///{path}"))
     assert str(path) in report["backend"]
     assert path.exists()
+
+
+def test_keys_show_prints_a_result_with_brackets_plainly(sqlite_url: str) -> None:
+    with al.Queue.connect(sqlite_url) as q:
+        q.enqueue("jobs", 1)  # the database exists
+    keys = al.Idempotency.connect(sqlite_url)
+    try:
+        done = keys.call(
+            lambda: {"fix": ADVICE}, tool="send", args={"to": "a"}, step="s", task_id="t"
+        )
+    finally:
+        keys.close()
+    out = fits(plain(piped("keys", "show", done.key, "--backend", sqlite_url)))
+    assert ADVICE in out
+    shown = json.loads(piped("keys", "show", done.key, "--json", "--backend", sqlite_url))
+    assert shown["result"] == {"fix": ADVICE}

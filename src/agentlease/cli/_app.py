@@ -3,7 +3,8 @@
 Commands are loaded lazily: the group knows which module defines each command and imports it
 only when that command runs (or help lists them), so ``agentlease worker`` never imports the
 bench (:mod:`agentlease.bench`), the demo or rich's tables. The consoles (rich) are made on
-first use for the same reason.
+first use for the same reason. When stdout is not a terminal the output is plain text: no colour
+codes, tables (made with :func:`new_table`) drawn in ASCII, lines of text not broken at the width.
 """
 
 from __future__ import annotations
