@@ -409,7 +409,7 @@ async def test_workers_page_lists_live_workers_with_their_tasks(store) -> None:
         assert f'href="/tasks/{a}"' in table
         assert "&lt;script&gt;" in table
         assert "2023-11-14 22:13:20 UTC" in table  # started
-        left = re.search(r"<td>(\d+\.\d)s</td>\s*<td class=\"text\">", table)
+        left = re.search(r"<td>(\d+\.\d)s</td>\s*<td class=\"name\"><a href=\"/tasks/", table)
         assert left is not None, table
         assert 0 < float(left.group(1)) <= LIVE  # seconds to expiry
         assert "<script" not in page.text
