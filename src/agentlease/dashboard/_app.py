@@ -37,7 +37,6 @@ from agentlease._records import (
     QueueStats,
     Task,
     WorkerInfo,
-    reason_of,
 )
 from agentlease._redact import redact_url
 from agentlease.dashboard._rates import MEASURED, Rate, RateMeter
@@ -179,12 +178,6 @@ def _dead_row(task: Task, now: float) -> dict[str, Any]:
     }
 
 
-def _cancel_reason(task: Task) -> str | None:
-    """A task's cancel reason. The SQL stores' listings leave out the column; the cancel error
-    written with the request (see ``cancel_error``) carries it too."""
-    return task.cancel_reason or reason_of(task.error_json)
-
-
 def _task_row(task: Task, now: float) -> dict[str, Any]:
     error = "" if task.error is None else _describe(task.error)
     if len(error) > ERROR_WIDTH:
@@ -196,7 +189,7 @@ def _task_row(task: Task, now: float) -> dict[str, Any]:
         "attempt": task.attempt,
         "created": _when(task.created_at, now),
         "finished": _when(task.finished_at, now),
-        "cancel": _cancel_reason(task),
+        "cancel": task.cancel_reason,
         "error": error,
     }
 
@@ -402,7 +395,7 @@ def create_app(
         infos = await q.inspect(name, limit=LIST_LIMIT)
         # The cancel marks: the leased tasks, read through their index in the same order.
         held, _ = await q.tasks(name, state="leased", limit=LIST_LIMIT)
-        asked = {t.id: _cancel_reason(t) for t in held}
+        asked = {t.id: t.cancel_reason for t in held}
         leases = [_lease_row(info, asked.get(info.task_id)) for info in infos]
         now = await q.backend.now()
         dead = [_dead_row(t, now) for t in await q.dead(name, limit=LIST_LIMIT)]
