@@ -103,7 +103,7 @@ def test_the_dashboard_in_a_browser(driver: Any, tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'dash.db'}"
     q = al.Queue(al.connect(url))
     try:
-        q.enqueue_many(Q, [{"n": n} for n in range(5)])
+        waiting = [e.task_id for e in q.enqueue_many(Q, [{"n": n} for n in range(5)])]
         q.enqueue_many("reports", ["r1", "r2"])
         dead = []
         for job in q.claim(Q, 2, lease_for=LIVE):
@@ -138,6 +138,9 @@ def test_the_dashboard_in_a_browser(driver: Any, tmp_path: Path) -> None:
             refusal = post_from_page(driver, f"/queues/{Q}/requeue", {"all": "1"})
             assert refusal == "log in with the dashboard's token to requeue"
             assert len(q.dead(Q)) == 2
+            refusal = post_from_page(driver, "/cancel", {"task_id": waiting[-1]})
+            assert refusal == "log in with the dashboard's token to cancel"
+            assert q.get(waiting[-1]).state == "queued"
 
             # The task page.
             driver.get(f"{base}/queues/{Q}")
@@ -165,6 +168,26 @@ def test_the_dashboard_in_a_browser(driver: Any, tmp_path: Path) -> None:
             driver.get(forged)
             assert "refused a write from another site" in driver.find_element(By.ID, "error").text
             assert len(q.dead(Q)) == 2
+
+            # Cancel a queued task from its page: its attempts (none yet) and a reason.
+            driver.get(f"{base}/tasks/{quote(waiting[-1])}")
+            assert driver.find_element(By.ID, "no-attempts").text == "never claimed"
+            form = driver.find_element(By.ID, "cancel")
+            form.find_element(By.NAME, "reason").send_keys("not needed <any more>")
+            click_through(driver, form.find_element(By.CSS_SELECTOR, "button.cancel-task"))
+            assert driver.find_element(By.ID, "notice").text == "cancelled"
+            state = driver.find_element(By.CSS_SELECTOR, 'td[data-field="state"]').text
+            assert state == "cancelled"
+            assert driver.find_elements(By.ID, "cancel") == []
+            task = q.get(waiting[-1])
+            assert (task.state, task.cancel_reason) == ("cancelled", "not needed <any more>")
+
+            # The held task's page shows its running attempt; the workers page is linked.
+            driver.get(f"{base}/tasks/{quote(held.task_id)}")
+            outcome = driver.find_element(By.CSS_SELECTOR, 'td[data-field="outcome"]').text
+            assert outcome == "running"
+            click_through(driver, driver.find_element(By.ID, "nav-workers"))
+            assert driver.title.startswith("workers")
 
             # Requeue one dead letter, then all.
             driver.get(f"{base}/queues/{Q}")

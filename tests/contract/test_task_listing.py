@@ -134,3 +134,23 @@ def test_cancelled_tasks_are_listed_newest_first(store: Store) -> None:
     rest, end = q.tasks(Q, state="cancelled", limit=2, cursor=cursor)
     assert [t.id for t in rest] == ["c0"]
     assert end is None
+    assert {t.cancel_reason for t in page + rest} == {"no"}
+
+
+def test_listed_leased_tasks_carry_a_requested_cancel(store: Store) -> None:
+    q = store.queue()
+    for i in range(3):
+        q.enqueue(Q, i, id=f"t{i}")
+    for lease_for in (20, 30, 40):
+        q.claim(Q, lease_for=lease_for)
+    q.cancel("t1", "stop it")
+    for limit in (1, 10):  # pages that end early (with a cursor) and the last page
+        reasons = {}
+        cursor = None
+        for _ in range(10):
+            page, cursor = q.tasks(Q, state="leased", limit=limit, cursor=cursor)
+            reasons.update({t.id: t.cancel_reason for t in page})
+            if cursor is None:
+                break
+        assert reasons == {"t0": None, "t1": "stop it", "t2": None}
+        assert reasons["t1"] == q.get("t1").cancel_reason

@@ -194,6 +194,9 @@ def test_bench_table(tmp_path: Path) -> None:
     assert "shared-state guards on memory://" in done.stdout
     assert "compare_and_set" in done.stdout
     assert "lock acquire+release" in done.stdout
+    # Piped: plain text, the tables' rules in ASCII.
+    assert "\x1b" not in done.stdout
+    assert not any("\u2500" <= ch <= "\u257f" for ch in done.stdout)
 
 
 def test_bench_bad_backend_exits_2(tmp_path: Path) -> None:

@@ -83,8 +83,8 @@ async def test_pages_show_the_store_and_escape_everything(store) -> None:
         assert page.status_code == 200
         leases = page.text.split('id="leases"')[1].split("</table>")[0]
         assert ids["leased"] in leases
-        holder = getattr(q.inspect(Q)[0], "holder", None)
-        assert f'<td class="name">{holder or "-"}</td>' in leases
+        assert q.inspect(Q)[0].holder is None
+        assert '<td class="name holder">-</td>' in leases
         dead = page.text.split('id="dead"')[1].split("</table>")[0]
         assert ids["dead1"] in dead
         assert ids["dead2"] in dead
@@ -499,3 +499,191 @@ def test_the_dashboard_command_serves_metrics(tmp_path: Path) -> None:
     got = _metrics(r.text)
     assert got[("agentlease_queue_tasks", frozenset({("queue", Q), ("state", "queued")}))] == 2
     assert got[("agentlease_workers", frozenset())] == 0
+
+
+HOLDER = "build-07.example:4242:a1b2c3"
+
+
+async def test_workers_page_lists_live_workers_with_their_tasks(store) -> None:
+    q = store.queue()
+    a, b = (e.task_id for e in q.enqueue_many(Q, ["a", "b"]))
+    q.claim(Q, 1, lease_for=LIVE, holder=HOLDER)
+    info = {
+        "host": "build-07.example",
+        "pid": 4242,
+        "queues": [Q, "reports"],
+        "concurrency": 3,
+        "started": 1_700_000_000.0,
+        "tasks": [a, EVIL],
+    }
+    q.register_worker(HOLDER, info, ttl=LIVE)
+    async with client(lambda: create_app(queue=store.aqueue)) as c:
+        page = await c.get("/")
+        assert 'href="/workers"' in page.text  # linked from the header of every page
+        page = await c.get("/workers")
+        assert page.status_code == 200
+        table = page.text.split('id="workers"')[1].split("</table>")[0]
+        assert f'href="/workers/{HOLDER}"' in table.replace("%3A", ":")
+        assert "build-07.example:4242" in table
+        assert f'href="/queues/{Q}"' in table
+        assert f'href="/tasks/{a}"' in table
+        assert "&lt;script&gt;" in table
+        assert "2023-11-14 22:13:20 UTC" in table  # started
+        left = re.search(r"<td>(\d+\.\d)s</td>\s*<td class=\"name\"><a href=\"/tasks/", table)
+        assert left is not None, table
+        assert 0 < float(left.group(1)) <= LIVE  # seconds to expiry
+        assert "<script" not in page.text
+
+        page = await c.get(f"/workers/{HOLDER}")
+        assert page.status_code == 200
+        assert f"worker {HOLDER}" in page.text
+        page = await c.get("/workers/no-such-worker")
+        assert page.status_code == 404
+        assert "no live worker" in page.text
+
+        q.unregister_worker(HOLDER)
+        page = await c.get("/workers")
+        assert 'id="no-workers"' in page.text
+    assert q.get(b).state == "queued"
+
+
+async def test_live_leases_show_their_holder_and_a_requested_cancel(store) -> None:
+    q = store.queue()
+    q.enqueue_many(Q, ["a", "b"])
+    first, second = q.claim(Q, 2, lease_for=LIVE, holder=HOLDER)
+    assert q.cancel(first.task_id, "operator <said> stop").outcome == "requested"
+    async with client(lambda: create_app(queue=store.aqueue)) as c:
+        page = await c.get(f"/queues/{Q}")
+    leases = page.text.split('id="leases"')[1].split("</table>")[0]
+    rows = dict(re.findall(r'<tr data-task="([^"]+)">(.*?)</tr>', leases, re.S))
+    assert set(rows) == {first.task_id, second.task_id}
+    for row in rows.values():
+        (link,) = re.findall(r'<a href="(/workers/[^"]+)">', row)
+        assert link.replace("%3A", ":") == f"/workers/{HOLDER}"
+    assert "cancel requested" in rows[first.task_id]
+    assert 'title="operator &lt;said&gt; stop"' in rows[first.task_id]
+    assert "cancel requested" not in rows[second.task_id]
+
+
+async def test_the_task_page_shows_its_attempt_history(store) -> None:
+    q = store.queue()
+    task_id = q.enqueue(Q, "x").task_id
+    async with client(lambda: create_app(queue=store.aqueue)) as c:
+        page = await c.get(f"/tasks/{task_id}")
+        assert 'id="no-attempts"' in page.text
+        (job,) = q.claim(Q, lease_for=LIVE, holder=HOLDER)
+        q.fail(job.lease, ValueError("nope"), retry_in=0)
+        (job,) = q.claim(Q, lease_for=LIVE, holder="other:1:x")
+        page = await c.get(f"/tasks/{task_id}")
+    table = page.text.split('id="attempts"')[1].split("</table>")[0]
+    rows = re.findall(r'<tr data-attempt="(\d+)">(.*?)</tr>', table, re.S)
+    assert [n for n, _ in rows] == ["1", "2"]
+    assert "failed" in rows[0][1]
+    assert "ValueError" in rows[0][1]
+    assert HOLDER in rows[0][1].replace("%3A", ":")
+    assert "running" in rows[1][1]
+    assert "other:1:x" in rows[1][1]
+    assert re.search(r"<td>\d+\.\ds</td>", rows[0][1])  # run time
+
+
+async def test_cancel_needs_the_token_and_a_request_from_the_dashboard(store) -> None:
+    q = store.queue()
+    waiting, leased, done = (e.task_id for e in q.enqueue_many(Q, ["a", "b", "c"]))
+    _, held, finished = q.claim(Q, 3, lease_for=LIVE, holder=HOLDER)
+    q.release(_.lease)  # back to queued
+    q.complete(finished.lease, "ok")
+    waiting, leased, done = _.task_id, held.task_id, finished.task_id
+    async with client(lambda: create_app(queue=store.aqueue)) as ro:
+        r = await ro.post(
+            "/cancel", data={"task_id": waiting}, headers={"authorization": f"Bearer {TOKEN}"}
+        )
+        assert r.status_code == 403
+        assert "read-only" in r.text
+    async with client(lambda: create_app(queue=store.aqueue, token=TOKEN)) as c:
+        refused = [
+            {"origin": SITE},
+            {"origin": SITE, "authorization": "Bearer wrong"},
+            {"origin": "http://evil.test", "authorization": f"Bearer {TOKEN}"},
+            {"referer": "http://evil.test/x", "authorization": f"Bearer {TOKEN}"},
+            {"origin": SITE, "cookie": f"{COOKIE}={TOKEN}"},
+        ]
+        for headers in refused:
+            r = await c.post("/cancel", data={"task_id": waiting}, headers=headers)
+            assert r.status_code == 403, headers
+        assert q.get(waiting).state == "queued"
+
+        page = await c.get(f"/tasks/{waiting}")
+        assert 'id="cancel"' not in page.text
+        assert "to cancel" in page.text  # a log-in link
+
+        r = await c.post("/login", data={"token": TOKEN, "next": "/"}, headers={"origin": SITE})
+        assert r.status_code == 303
+        page = await c.get(f"/tasks/{waiting}")
+        assert 'id="cancel"' in page.text
+        page = await c.get(f"/tasks/{done}")
+        assert 'id="cancel"' not in page.text  # finished: nothing to cancel
+        r = await c.post("/cancel", data={"task_id": waiting})  # no Origin: refused
+        assert r.status_code == 403
+
+        r = await c.post(
+            "/cancel", data={"task_id": waiting, "reason": "wrong input"}, headers={"origin": SITE}
+        )
+        assert r.status_code == 303
+        assert r.headers["location"] == f"/tasks/{waiting}?cancel=cancelled"
+        task = q.get(waiting)
+        assert (task.state, task.cancel_reason) == ("cancelled", "wrong input")
+        page = await c.get(r.headers["location"])
+        assert 'id="notice"' in page.text
+        assert 'id="cancel"' not in page.text
+
+        r = await c.post("/cancel", data={"task_id": leased}, headers={"origin": SITE})
+        assert r.headers["location"] == f"/tasks/{leased}?cancel=requested"
+        task = q.get(leased)
+        assert (task.state, task.cancel_reason) == ("leased", "cancelled from the dashboard")
+
+        r = await c.post("/cancel", data={"task_id": done}, headers={"origin": SITE})
+        assert r.headers["location"] == f"/tasks/{done}?cancel=finished"
+        assert q.get(done).state == "done"
+
+        r = await c.post("/cancel", data={}, headers={"origin": SITE})
+        assert r.status_code == 400
+        r = await c.post("/cancel", data={"task_id": "no-such"}, headers={"origin": SITE})
+        assert r.status_code == 404
+        r = await c.post(
+            "/cancel", data={"task_id": done, "reason": "two\nlines"}, headers={"origin": SITE}
+        )
+        assert r.status_code == 400
+
+
+async def test_task_lists_page_through_every_state(store) -> None:
+    from agentlease.dashboard._app import LIST_LIMIT
+
+    q = store.queue()
+    ids = [e.task_id for e in q.enqueue_many(Q, list(range(LIST_LIMIT + 5)))]
+    cancelled = q.enqueue(Q, "stop").task_id
+    q.cancel(cancelled, "not needed")
+    async with client(lambda: create_app(queue=store.aqueue)) as c:
+        page = await c.get(f"/queues/{Q}")
+        for state in ("queued", "leased", "done", "dead", "cancelled"):
+            assert f'href="/queues/{Q}/tasks?state={state}"' in page.text
+
+        page = await c.get(f"/queues/{Q}/tasks?state=queued")
+        assert page.status_code == 200
+        shown = re.findall(r'<tr data-task="([^"]+)">', page.text)
+        assert len(shown) == LIST_LIMIT
+        nxt = re.search(r'<a href="([^"]+)" id="next-page">', page.text)
+        assert nxt is not None
+        page = await c.get(nxt.group(1).replace("&amp;", "&"))
+        assert page.status_code == 200
+        more = re.findall(r'<tr data-task="([^"]+)">', page.text)
+        assert sorted(shown + more) == sorted(ids)
+        assert 'id="last-page"' in page.text
+
+        page = await c.get(f"/queues/{Q}/tasks?state=cancelled")
+        assert re.findall(r'<tr data-task="([^"]+)">', page.text) == [cancelled]
+        page = await c.get(f"/queues/{Q}/tasks?state=dead")
+        assert 'id="no-tasks"' in page.text
+
+        assert (await c.get(f"/queues/{Q}/tasks?state=bogus")).status_code == 400
+        assert (await c.get(f"/queues/{Q}/tasks?state=queued&cursor=junk")).status_code == 400
+        assert (await c.get("/queues/nope/tasks?state=queued")).status_code == 404

@@ -598,14 +598,14 @@ class SQLiteBackend(SQLiteKeys, SQLiteState):
             rows = db.execute(Q[name], params).fetchall()
         page = rows[:limit]
         if len(rows) <= limit:
-            return [task_from_row(r[:21]) for r in page], None
+            return [task_from_row((*r[:21], r[22])) for r in page], None
         last = page[-1]
         key: Key
         if state == "queued":
             key = [last[3], last[21], last[0]]
         else:
             key = [last[13] if state == "leased" else last[14], last[0]]
-        return [task_from_row(r[:21]) for r in page], key
+        return [task_from_row((*r[:21], r[22])) for r in page], key
 
     def register_worker(self, worker_id: str, info_json: bytes, ttl: float) -> float:
         with self._step(write=True) as db:

@@ -60,6 +60,7 @@ from urllib.parse import urlsplit
 
 import click
 from rich import box
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -91,7 +92,7 @@ from agentlease.bench.workers import (
     served_workers,
     workers_table,
 )
-from agentlease.cli._app import cli, console, err_console, reports_errors
+from agentlease.cli._app import cli, console, err_console, new_table, reports_errors
 from agentlease.cli.admin import print_json
 from agentlease.errors import InvalidURL
 
@@ -285,7 +286,7 @@ def speedups(rows: list[Row]) -> tuple[float, float] | None:
 
 
 def _table(rows: list[Row], url: str) -> Table:
-    table = Table(title=f"agentlease bench on {url}", box=box.SIMPLE_HEAD)
+    table = new_table(title=escape(f"agentlease bench on {url}"), box=box.SIMPLE_HEAD)
     table.add_column("row", style="bold")  # long names wrap; the figures never do
     table.add_column("tasks", justify="right", no_wrap=True)
     table.add_column("library ops/s", justify="right", style="cyan", no_wrap=True)

@@ -43,6 +43,7 @@ from urllib.parse import urlsplit
 
 import click
 from rich import box
+from rich.markup import escape
 from rich.progress import Progress
 from rich.table import Table
 
@@ -349,7 +350,9 @@ def round_trip_table(
 ) -> Table:
     """A table of rows measured in raw round trips: (label, calls, library µs per call, raw µs
     per operation, raw operations per call, the ideal number)."""
-    table = Table(title=title, box=box.SIMPLE_HEAD, caption=caption or None)
+    from agentlease.cli._app import new_table
+
+    table = new_table(title=escape(title), box=box.SIMPLE_HEAD, caption=escape(caption) or None)
     table.add_column("row", style="bold", no_wrap=True)
     table.add_column("calls", justify="right")
     table.add_column("library µs/call", justify="right", style="cyan")

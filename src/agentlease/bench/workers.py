@@ -46,6 +46,7 @@ from typing import IO, TYPE_CHECKING
 
 import click
 from rich import box
+from rich.markup import escape
 from rich.progress import Progress
 from rich.table import Table
 
@@ -341,7 +342,9 @@ def run_workers(
 
 def workers_table(rows: list[WorkerRow], url: str) -> Table:
     """The worker row as the ``bench`` command prints it."""
-    table = Table(title=f"agentlease worker on {url}", box=box.SIMPLE_HEAD)
+    from agentlease.cli._app import new_table
+
+    table = new_table(title=escape(f"agentlease worker on {url}"), box=box.SIMPLE_HEAD)
     table.add_column("row", style="bold")
     table.add_column("tasks", justify="right", no_wrap=True)
     table.add_column("worker ops/s", justify="right", style="cyan", no_wrap=True)

@@ -3,7 +3,8 @@
 Commands are loaded lazily: the group knows which module defines each command and imports it
 only when that command runs (or help lists them), so ``agentlease worker`` never imports the
 bench (:mod:`agentlease.bench`), the demo or rich's tables. The consoles (rich) are made on
-first use for the same reason.
+first use for the same reason. When stdout is not a terminal the output is plain text: no colour
+codes, tables (made with :func:`new_table`) drawn in ASCII, lines of text not broken at the width.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from agentlease.errors import AgentLeaseError, InvalidDuration
 
 if TYPE_CHECKING:
     from rich.console import Console
+    from rich.table import Table
 
 __all__ = [
     "DEFAULT_URL",
@@ -30,7 +32,9 @@ __all__ = [
     "backend_option",
     "cli",
     "fail",
+    "new_table",
     "parse_age",
+    "plain",
     "reports_errors",
 ]
 
@@ -55,6 +59,7 @@ COMMANDS = {
     "keys": "agentlease.cli.keys",
     "migrate": "agentlease.cli.migrate",
     "purge": "agentlease.cli.purge",
+    "queues": "agentlease.cli.admin",
     "replay": "agentlease.cli.harness",
     "rights": "agentlease.cli.rights",
     "scheduler": "agentlease.cli.schedule",
@@ -90,7 +95,61 @@ def _console(stderr: bool) -> Console:
     from rich.console import Console
 
     # No emoji codes: a name such as tool:ship:drop would print as a ship.
-    return Console(stderr=stderr, emoji=False)
+    console = Console(stderr=stderr, emoji=False)
+    if console.is_terminal:
+        return console
+
+    class Plain(Console):
+        """Piped or redirected: plain text. No colour codes (rich sends none to a file), no
+        highlighting, and a line of text is not broken at the width (a path or a cursor stays
+        whole); tables still fit the width ($COLUMNS, else 80), drawn in ASCII (new_table)."""
+
+        def print(self, *objects: Any, **kwargs: Any) -> None:
+            if all(isinstance(o, str) for o in objects):
+                kwargs.setdefault("soft_wrap", True)
+            super().print(*objects, **kwargs)
+
+    return Plain(stderr=stderr, emoji=False, highlight=False)
+
+
+def plain() -> bool:
+    """Whether stdout is not a terminal (a pipe, a file): then output is plain text."""
+    return not _console(False).is_terminal
+
+
+_HORIZONTAL = "─━═┄┅┈┉╌╍"
+_VERTICAL = "│┃║┆┇┊┋╎╏"
+# Box-drawing characters in ASCII: lines are - and |, corners and crossings +.
+_TO_ASCII = str.maketrans(
+    {
+        chr(c): "-" if chr(c) in _HORIZONTAL else "|" if chr(c) in _VERTICAL else "+"
+        for c in range(0x2500, 0x2580)
+    }
+)
+
+
+def new_table(*args: Any, **kwargs: Any) -> Table:
+    """A rich ``Table(*args, **kwargs)``; when stdout is not a terminal, its box is drawn in
+    ASCII (``-``, ``|``, ``+``) instead of box-drawing characters."""
+    from rich.box import Box
+    from rich.table import Table
+
+    made = Table(*args, **kwargs)
+    b = made.box
+    if b is not None and plain():
+        lines = (
+            (b.top_left, b.top, b.top_divider, b.top_right),
+            (b.head_left, " ", b.head_vertical, b.head_right),
+            (b.head_row_left, b.head_row_horizontal, b.head_row_cross, b.head_row_right),
+            (b.mid_left, " ", b.mid_vertical, b.mid_right),
+            (b.row_left, b.row_horizontal, b.row_cross, b.row_right),
+            (b.foot_row_left, b.foot_row_horizontal, b.foot_row_cross, b.foot_row_right),
+            (b.foot_left, " ", b.foot_vertical, b.foot_right),
+            (b.bottom_left, b.bottom, b.bottom_divider, b.bottom_right),
+        )
+        text = "".join("".join(line) + "\n" for line in lines)
+        made.box = Box(text.translate(_TO_ASCII), ascii=True)
+    return made
 
 
 def __getattr__(name: str) -> Any:

@@ -20,7 +20,6 @@ import orjson
 from rich import box
 from rich.markup import escape
 from rich.progress import Progress
-from rich.table import Table
 from rich.text import Text
 
 from agentlease._codec import JSON, encode
@@ -33,6 +32,7 @@ from agentlease.cli._app import (
     cli,
     console,
     err_console,
+    new_table,
     reports_errors,
 )
 from agentlease.errors import BackendUnavailable, InvalidInput, NotJSON, UnknownTask
@@ -239,7 +239,7 @@ def stats(queues: tuple[str, ...], as_json: bool, url: str) -> None:
         console.print("no queues yet")
         return
     # Compact enough for 80 columns: no edge padding, and "delayed" for the scheduled state.
-    table = Table(title="queues", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1))
+    table = new_table(title="queues", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1))
     table.add_column("queue", style="bold", overflow="fold", min_width=_QUEUE_MIN)
     # Parked tasks exist only with partitions, cancelled ones only after a cancel: their columns
     # appear when there are some.
@@ -268,11 +268,26 @@ def stats(queues: tuple[str, ...], as_json: bool, url: str) -> None:
     else:  # too narrow for every column: one line per queue, which wraps instead
         for s, row in zip(rows, cells, strict=True):
             parts = ", ".join(f"{h} {v}" for h, v in zip(headers, row, strict=True))
-            console.print(f"[bold]{escape(s.queue)}[/]: {parts}")
+            console.print(f"[bold]{escape(s.queue)}[/]: {parts}", soft_wrap=False)
     for s in rows:
         if s.hot_partitions:
             hot = ", ".join(f"{p} ({n} parked)" for p, n in s.hot_partitions)
             console.print(f"hot partitions of [bold]{escape(s.queue)}[/]: {escape(hot)}")
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON array of the names.")
+@backend_option
+@reports_errors
+def queues(as_json: bool, url: str) -> None:
+    """The store's queues (every queue ever enqueued to), one name a line."""
+    with _closing(open_queue(url, must_exist=True)) as q:
+        names = sorted(q.queues())
+    if as_json:
+        print_json(names)
+        return
+    for name in names:
+        click.echo(name)  # names only: plain lines to read or pipe, never markup
 
 
 # -- inspect ------------------------------------------------------------------------------------
@@ -297,7 +312,7 @@ def inspect(queue: str, limit: int, as_json: bool, url: str) -> None:
         console.print(f"no live leases in [bold]{escape(queue)}[/]")
         return
     # Compact enough for 80 columns: no edge padding, short headers, long values folded or cut.
-    table = Table(
+    table = new_table(
         title=f"live leases of {queue}", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1)
     )
     table.add_column("task id", style="bold", overflow="fold", min_width=8)
@@ -354,7 +369,7 @@ def workers(as_json: bool, url: str) -> None:
     if not listed:
         console.print("no live workers")
         return
-    table = Table(title="live workers", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1))
+    table = new_table(title="live workers", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1))
     table.add_column("worker", style="bold", overflow="fold", min_width=12, max_width=28)
     table.add_column("queues", overflow="fold", min_width=6, max_width=16)
     for name in ("conc", "up", "beat", "held"):
@@ -452,7 +467,7 @@ def dead(
     if not tasks:
         console.print(f"no dead letters in [bold]{escape(queue)}[/]")
         return
-    table = Table(title=f"dead letters of {queue}", box=box.SIMPLE_HEAD)
+    table = new_table(title=f"dead letters of {escape(queue)}", box=box.SIMPLE_HEAD)
     table.add_column("task id", style="bold", overflow="fold")
     for name in ("failures", "reclaims", "dead for"):
         table.add_column(name, justify="right", no_wrap=True)

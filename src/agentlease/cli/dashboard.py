@@ -38,7 +38,7 @@ def _loopback(host: str) -> bool:
     "--token",
     default=lambda: os.environ.get("AGENTLEASE_DASHBOARD_TOKEN") or None,
     show_default="$AGENTLEASE_DASHBOARD_TOKEN",
-    help="Allow writes (requeueing dead letters) to those who give this token; "
+    help="Allow writes (requeueing dead letters, cancelling tasks) to those who give this token; "
     "without it the dashboard is read-only.",
 )
 @click.option(
@@ -60,7 +60,8 @@ def dashboard(
     url: str, host: str, port: int, token: str | None, refresh: int, metrics_interval: float
 ) -> None:
     """Serve a web dashboard of the store: queues with counts and rates, live leases, dead
-    letters (requeue with --token), tasks and hot partitions.
+    letters (requeue with --token), tasks by state (cancel with --token), workers and hot
+    partitions.
 
     /metrics gives each queue's tasks by state, leases, dead letters and live workers in the
     Prometheus text format; like the pages it is read-only and needs no token."""

@@ -13,10 +13,9 @@ import click
 import orjson
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from agentlease._demo.scenario import DemoConfig, DemoReport, run_demo
-from agentlease.cli._app import cli, console, err_console
+from agentlease.cli._app import cli, console, err_console, new_table, plain
 from agentlease.errors import AgentLeaseError
 
 
@@ -93,12 +92,13 @@ def _run_live(config: DemoConfig) -> DemoReport:
 
 
 def _print(report: DemoReport) -> None:
-    table = Table(title="invariants", show_lines=False)
+    table = new_table(title="invariants", show_lines=False)
     table.add_column("", width=2)
     table.add_column("invariant")
     table.add_column("evidence", overflow="fold")
     for c in report.checks:
-        table.add_row("[green]✓[/green]" if c.ok else "[red]✗[/red]", c.name, c.detail)
+        mark = ("ok" if c.ok else "NO") if plain() else ("✓" if c.ok else "✗")
+        table.add_row(f"[{'green' if c.ok else 'red'}]{mark}[/]", escape(c.name), escape(c.detail))
     console.print(table)
     f = report.figures
     console.print(

@@ -7,10 +7,11 @@ from pathlib import Path
 from typing import Literal
 
 import click
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from agentlease.cli._app import cli, console, reports_errors
+from agentlease.cli._app import cli, console, new_table, reports_errors
 from agentlease.harness.checkers import check
 from agentlease.harness.history import History
 from agentlease.harness.run import run_seed
@@ -28,7 +29,7 @@ FAILED_STATUS = 1  # a violation was found (2 is kept for refusals and bad input
 
 
 def _summary_table(s: Summary) -> Table:
-    table = Table(title=f"{s.scenario} on {s.store}")
+    table = new_table(title=escape(f"{s.scenario} on {s.store}"))
     for column in ("seeds", "failed", "first fail", "checkers", "faults", "seeds/min"):
         justify: Literal["left", "right"] = "left" if column == "checkers" else "right"
         table.add_column(column, justify=justify, overflow="fold")

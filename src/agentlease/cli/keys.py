@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import click
 from rich.markup import escape
-from rich.table import Table
 
 from agentlease._codec import JSON
 from agentlease._policy.keys import check_key
 from agentlease._records import KeyRecord
-from agentlease.cli._app import backend_option, cli, console, reports_errors
+from agentlease.cli._app import backend_option, cli, console, new_table, reports_errors
 from agentlease.cli.admin import open_queue, print_json
 
 __all__ = ["keys"]
@@ -58,21 +57,25 @@ def show(key: str, as_json: bool, url: str) -> None:
     if as_json:
         print_json(info)
         return
-    table = Table(title=f"idempotency key {key[:16]}...", show_header=False)
+    table = new_table(title=f"idempotency key {escape(key[:16])}...", show_header=False)
     for name, value in info.items():
-        table.add_row(name, "-" if value is None else str(value))
+        table.add_row(name, "-" if value is None else escape(str(value)))
     console.print(table)
 
 
 @keys.command()
 @click.option("--limit", type=click.IntRange(1, 1_000_000), default=10_000, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a line.")
 @backend_option
 @reports_errors
-def purge(limit: int, url: str) -> None:
+def purge(limit: int, as_json: bool, url: str) -> None:
     """Delete keys past their dedup window now (Redis expires them by itself)."""
     q = open_queue(url, must_exist=True)
     try:
         count = q.backend.purge_keys(limit)
     finally:
         q.close()
+    if as_json:
+        print_json({"purged": count})
+        return
     console.print(f"purged {count} keys")

@@ -13,9 +13,12 @@ from __future__ import annotations
 from urllib.parse import urlsplit
 
 import click
+from rich.markup import escape
 
+from agentlease._redact import redact_url
 from agentlease.backends import connect
 from agentlease.cli._app import backend_option, cli, console, reports_errors
+from agentlease.cli.admin import print_json
 
 __all__ = ["migrate"]
 
@@ -26,9 +29,15 @@ __all__ = ["migrate"]
     is_flag=True,
     help="Change nothing: list pending migrations and exit 1 if there are any.",
 )
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print JSON: the store, and the migrations pending (--check) or applied.",
+)
 @backend_option
 @reports_errors
-def migrate(check: bool, url: str) -> None:
+def migrate(check: bool, as_json: bool, url: str) -> None:
     """Create or upgrade the store's schema (PostgreSQL: versioned, idempotent, safe to run
     from many processes at once)."""
     try:
@@ -37,6 +46,9 @@ def migrate(check: bool, url: str) -> None:
         scheme = ""
     if scheme not in ("postgresql", "postgres"):
         connect(url).close()  # validates the URL; SQLite creates its schema on open
+        if as_json:
+            print_json({"store": redact_url(url), "pending" if check else "applied": []})
+            return
         console.print(f"{scheme or 'this'} stores create their schema when opened: nothing to do")
         return
 
@@ -45,9 +57,15 @@ def migrate(check: bool, url: str) -> None:
     from agentlease.backends._sync.postgres_schema import pending
 
     settings = parse(url)
-    where = f"schema [bold]{settings.schema}[/] of {settings.display}"
+    where = f"schema [bold]{escape(settings.schema)}[/] of {escape(settings.display)}"
     if check:
         missing = pending(settings)
+        if as_json:
+            names = [f"{m.version:04d}_{m.name}" for m in missing]
+            print_json({"store": settings.display, "schema": settings.schema, "pending": names})
+            if missing:
+                raise click.exceptions.Exit(1)
+            return
         if missing:
             for m in missing:
                 console.print(f"pending: {m.version:04d}_{m.name}")
@@ -55,6 +73,10 @@ def migrate(check: bool, url: str) -> None:
         console.print(f"{where} is up to date")
         return
     applied = apply_migrations(settings, apply=True)
+    if as_json:
+        names = [f"{m.version:04d}_{m.name}" for m in applied]
+        print_json({"store": settings.display, "schema": settings.schema, "applied": names})
+        return
     for m in applied:
         console.print(f"applied {m.version:04d}_{m.name}")
     if not applied:

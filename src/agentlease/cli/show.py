@@ -12,7 +12,7 @@ from rich.table import Table
 
 from agentlease._codec import JSON
 from agentlease._records import Task
-from agentlease.cli._app import backend_option, cli, console, reports_errors
+from agentlease.cli._app import backend_option, cli, console, new_table, reports_errors
 from agentlease.cli.admin import _closing, open_queue, print_json
 
 __all__ = ["show"]
@@ -78,7 +78,7 @@ def show(task_id: str, as_json: bool, url: str) -> None:
     if as_json:
         print_json(task_json(task, now))
         return
-    table = Table(title=f"task {escape(task.id)}", box=box.SIMPLE_HEAD, show_header=False)
+    table = new_table(title=f"task {escape(task.id)}", box=box.SIMPLE_HEAD, show_header=False)
     table.add_column("field", style="bold", no_wrap=True)
     table.add_column("value", overflow="fold")
     rows = [
@@ -120,7 +120,7 @@ def show(task_id: str, as_json: bool, url: str) -> None:
 
 def _attempts_table(task: Task, now: float) -> Table:
     """The task's last attempts, oldest first (fits 80 columns: long worker ids fold)."""
-    table = Table(
+    table = new_table(
         title=f"attempts (last {len(task.attempts)})",
         box=box.SIMPLE_HEAD,
         pad_edge=False,

@@ -11,10 +11,9 @@ from typing import get_args
 import click
 from rich import box
 from rich.markup import escape
-from rich.table import Table
 
 from agentlease._records import ListedState
-from agentlease.cli._app import backend_option, cli, console, reports_errors
+from agentlease.cli._app import backend_option, cli, console, new_table, reports_errors
 from agentlease.cli.admin import _closing, open_queue, print_json
 from agentlease.cli.show import task_json
 
@@ -48,7 +47,7 @@ def tasks(queue: str, state: str, limit: int, cursor: str | None, as_json: bool,
     if as_json:
         print_json({"tasks": [task_json(t, now) for t in page], "cursor": after})
         return
-    table = Table(box=box.SIMPLE, title=f"{which} tasks of {escape(queue)}")
+    table = new_table(box=box.SIMPLE, title=f"{which} tasks of {escape(queue)}")
     for column in ("id", "priority", "attempt", "created", "finished", "payload"):
         table.add_column(column)
     for t in page:
@@ -58,7 +57,7 @@ def tasks(queue: str, state: str, limit: int, cursor: str | None, as_json: bool,
             str(t.attempt),
             _when(t.created_at, now),
             _when(t.finished_at, now),
-            escape(str(t.payload))[:60],
+            escape(str(t.payload)[:60]),
         )
     console.print(table)
     if after is None:

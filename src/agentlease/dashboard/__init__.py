@@ -1,4 +1,5 @@
-"""The web dashboard: queues, live leases, dead letters, tasks and hot partitions of one store.
+"""The web dashboard: queues, live leases, dead letters, tasks, workers and hot partitions of a
+store.
 
 ``agentlease dashboard --backend URL`` serves it (see :mod:`agentlease.cli.dashboard`);
 :func:`create_app` makes the ASGI application, to mount in an application of your own.
@@ -7,11 +8,11 @@ Pages are rendered on the server (Starlette and Jinja2 with autoescaping: every 
 and error from the store is escaped) with a small inline style sheet and no script, and sent
 with a content security policy that runs none, lets forms post only to the dashboard and no
 other site frame it; the lists reload themselves every few seconds. Reading needs nothing. The
-one write, requeueing dead letters, needs the dashboard to be started with a token, and the
-request to carry it: either ``Authorization: Bearer TOKEN`` (scripts), or the session cookie
-that the login form sets (HttpOnly, SameSite=Strict) on a request whose Origin (or Referer) is
-the dashboard itself. Tokens are compared in constant time. A store that cannot be reached gives
-a page with the error in a banner (HTTP 503), never a stack trace.
+writes, requeueing dead letters and cancelling a task, need the dashboard to be started with a
+token, and the request to carry it: either ``Authorization: Bearer TOKEN`` (scripts), or the
+session cookie that the login form sets (HttpOnly, SameSite=Strict) on a request whose Origin
+(or Referer) is the dashboard itself. Tokens are compared in constant time. A store that cannot
+be reached gives a page with the error in a banner (HTTP 503), never a stack trace.
 
 ``/metrics`` serves each queue's tasks by state, leases, dead letters and live workers in the
 Prometheus text format (:mod:`agentlease.dashboard._metrics`), from one read of the store per

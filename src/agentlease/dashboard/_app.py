@@ -1,4 +1,12 @@
-"""The dashboard's ASGI application: routes, the store it reads, and who may write."""
+"""The dashboard's ASGI application: routes, the store it reads, and who may write.
+
+Pages: the queues (``/``), one queue (``/queues/{queue}``: its counts, live leases with their
+holders and a mark on those asked to cancel, dead letters), a queue's tasks in one state, page
+by page through the state's index (``/queues/{queue}/tasks?state=&cursor=``), one task
+(``/tasks/{id}``: its fields, attempt history, payload and the rest) and the live workers
+(``/workers``, one of them at ``/workers/{id}``). Writes (requeue dead letters, cancel a task
+that has not finished) need the token and a request from the dashboard itself.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +16,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
-from urllib.parse import parse_qs, urlencode, urlsplit
+from urllib.parse import parse_qs, quote, urlencode, urlsplit
 
 import jinja2
 import orjson
@@ -21,7 +29,15 @@ from starlette.routing import Route
 
 from agentlease._async.queue import AsyncQueue
 from agentlease._codec import JSON
-from agentlease._records import STATES, LeaseInfo, QueueStats, Task
+from agentlease._records import (
+    LISTED,
+    STATES,
+    Attempt,
+    LeaseInfo,
+    QueueStats,
+    Task,
+    WorkerInfo,
+)
 from agentlease._redact import redact_url
 from agentlease.dashboard._metrics import CONTENT_TYPE, MetricsCache
 from agentlease.dashboard._rates import MEASURED, Rate, RateMeter
@@ -36,7 +52,9 @@ __all__ = ["COOKIE", "HEADERS", "create_app"]
 
 COOKIE = "agentlease_dashboard"  # the session cookie the login form sets
 MAX_FORM = 64 * 1024  # bytes of a form body read at most
-LIST_LIMIT = 100  # leases and dead letters listed per queue
+LIST_LIMIT = 100  # leases and dead letters listed per queue, tasks per page of a state
+FINISHED = ("done", "dead", "cancelled")  # states a task does not leave (no cancel offered)
+CANCEL_REASON = "cancelled from the dashboard"
 ERROR_WIDTH = 300  # characters of an error shown in the dead-letter list
 _SESSION = b"agentlease dashboard session v1"
 # Every page: no script runs (whatever a payload holds), forms post only here, no other site
@@ -135,12 +153,11 @@ def _stats_row(s: QueueStats, rate: Rate | None) -> dict[str, Any]:
     }
 
 
-def _lease_row(info: LeaseInfo) -> dict[str, Any]:
-    # ``holder`` is shown when the store's lease info has one.
-    holder = getattr(info, "holder", None)
+def _lease_row(info: LeaseInfo, cancel_reason: str | None) -> dict[str, Any]:
     return {
         "task_id": info.task_id,
-        "holder": "-" if holder in (None, "") else str(holder),
+        "holder": info.holder or None,
+        "cancel": cancel_reason,
         "attempt": info.attempt,
         "held": _seconds(info.leased_for),
         "left": _seconds(info.expires_in),
@@ -162,6 +179,49 @@ def _dead_row(task: Task, now: float) -> dict[str, Any]:
     }
 
 
+def _task_row(task: Task, now: float) -> dict[str, Any]:
+    error = "" if task.error is None else _describe(task.error)
+    if len(error) > ERROR_WIDTH:
+        error = error[: ERROR_WIDTH - 1] + "…"
+    return {
+        "id": task.id,
+        "state": task.state,
+        "priority": task.priority,
+        "attempt": task.attempt,
+        "created": _when(task.created_at, now),
+        "finished": _when(task.finished_at, now),
+        "cancel": task.cancel_reason,
+        "error": error,
+    }
+
+
+def _attempt_row(a: Attempt, now: float) -> dict[str, Any]:
+    ran = (now if a.ended is None else a.ended) - a.started
+    return {
+        "attempt": a.attempt,
+        "worker": a.worker,
+        "started": _when(a.started, now),
+        "ended": "running" if a.ended is None else _when(a.ended, now),
+        "ran": _seconds(max(0.0, ran)),
+        "outcome": a.outcome or "running",
+        "error": a.error or "-",
+    }
+
+
+def _worker_row(w: WorkerInfo, now: float) -> dict[str, Any]:
+    return {
+        "id": w.id,
+        "where": f"{w.host or '?'}:{w.pid or '?'}",
+        "queues": w.queues,
+        "concurrency": w.concurrency,
+        # The worker's own clock: only its wall time is known for the start.
+        "started": _when(w.started, time.time()),
+        "beat": _when(w.beat_at, now),
+        "left": _seconds(w.expires_at - now),
+        "tasks": w.tasks,
+    }
+
+
 def _task_fields(task: Task, now: float) -> list[tuple[str, str]]:
     error = task.error
     fields = [
@@ -179,6 +239,8 @@ def _task_fields(task: Task, now: float) -> list[tuple[str, str]]:
         ("lease ends", _when(task.expires_at, now)),
         ("finished", _when(task.finished_at, now)),
     ]
+    if task.cancel_reason is not None:
+        fields.append(("cancel requested", task.cancel_reason))
     if isinstance(error, dict):
         fields.append(("error", f"{error.get('type')}: {error.get('message')}"))
         if error.get("reason"):
@@ -186,6 +248,13 @@ def _task_fields(task: Task, now: float) -> list[tuple[str, str]]:
     elif error is not None:
         fields.append(("error", _json(error)))
     return fields
+
+
+_CANCEL_NOTICES = {
+    "cancelled": "cancelled",
+    "requested": "cancel requested: its worker stops it at its next heartbeat",
+    "finished": "not cancelled: the task had already finished",
+}
 
 
 def _root(request: Request) -> str:
@@ -334,7 +403,11 @@ def create_app(
         q = store.get()
         s = await q.stats(name)
         rate = meter.observe(name, s.now, s.counts)
-        leases = [_lease_row(info) for info in await q.inspect(name, limit=LIST_LIMIT)]
+        infos = await q.inspect(name, limit=LIST_LIMIT)
+        # The cancel marks: the leased tasks, read through their index in the same order.
+        held, _ = await q.tasks(name, state="leased", limit=LIST_LIMIT)
+        asked = {t.id: t.cancel_reason for t in held}
+        leases = [_lease_row(info, asked.get(info.task_id)) for info in infos]
         now = await q.backend.now()
         dead = [_dead_row(t, now) for t in await q.dead(name, limit=LIST_LIMIT)]
         requeued = request.query_params.get("requeued")
@@ -350,6 +423,7 @@ def create_app(
             states=STATES,
             leases=leases,
             dead=dead,
+            listed=LISTED,
             limit=LIST_LIMIT,
             refresh=refresh,
             notice=notice,
@@ -372,15 +446,83 @@ def create_app(
         ]
         error = task.error
         traceback = error.get("traceback") if isinstance(error, dict) else None
+        outcome = request.query_params.get("cancel")
+        notice = _CANCEL_NOTICES.get(outcome or "")
         return render(
             request,
             "task.html",
             title=f"task {task.id}",
             task=task,
             fields=_task_fields(task, now),
+            attempts=[_attempt_row(a, now) for a in task.attempts],
+            cancellable=task.state not in FINISHED,
             blocks=blocks,
             traceback=traceback if isinstance(traceback, str) else None,
+            notice=notice,
         )
+
+    @guarded
+    async def tasks_page(request: Request) -> Response:
+        name = request.path_params["queue"]
+        state = request.query_params.get("state", "queued")
+        cursor = request.query_params.get("cursor") or None
+        q = store.get()
+        await q.stats(name)  # an unknown queue is a 404, not an empty list
+        listed = await q.tasks(name, state=state, limit=LIST_LIMIT, cursor=cursor)  # type: ignore[arg-type]  # tasks() checks it
+        page, after = listed
+        now = await q.backend.now()
+        nxt = None
+        if after is not None:
+            query = urlencode({"state": state, "cursor": after})
+            nxt = f"{_root(request)}/queues/{name}/tasks?{query}"
+        return render(
+            request,
+            "tasks.html",
+            title=f"{state} tasks of {name}",
+            queue=name,
+            state=state,
+            listed=LISTED,
+            tasks=[_task_row(t, now) for t in page],
+            first=cursor is None,
+            next=nxt,
+            limit=LIST_LIMIT,
+        )
+
+    @guarded
+    async def workers_page(request: Request) -> Response:
+        q = store.get()
+        listed = await q.workers()
+        now = await q.backend.now()
+        wanted = request.path_params.get("worker_id")
+        if wanted is not None:
+            listed = [w for w in listed if w.id == wanted]
+            if not listed:
+                raise NotFound(f"no live worker with id {wanted!r} (its entry may have lapsed)")
+        return render(
+            request,
+            "workers.html",
+            title="workers" if wanted is None else f"worker {wanted}",
+            workers=[_worker_row(w, now) for w in listed],
+            one=wanted is not None,
+            refresh=refresh,
+        )
+
+    @guarded
+    async def cancel(request: Request) -> Response:
+        if token is None:
+            return refuse(request, "this dashboard is read-only: start it with --token to write")
+        if _cross_site(request):
+            return refuse(request, "refused a write from another site")
+        if not _authorized(request):
+            return refuse(request, "log in with the dashboard's token to cancel")
+        form = await _form(request)
+        task_id = next(iter(form.get("task_id", [])), "")
+        if not task_id:
+            raise InvalidInput("name the task to cancel")
+        reason = next(iter(form.get("reason", [])), "").strip() or CANCEL_REASON
+        done = await store.get().cancel(task_id, reason)
+        where = f"{_root(request)}/tasks/{quote(done.task_id, safe='/')}"
+        return RedirectResponse(f"{where}?{urlencode({'cancel': done.outcome})}", status_code=303)
 
     @guarded
     async def requeue(request: Request) -> Response:
@@ -458,7 +600,11 @@ def create_app(
             Route("/", queues_page),
             Route("/queues/{queue}", queue_page),
             Route("/queues/{queue}/requeue", requeue, methods=["POST"]),
+            Route("/queues/{queue}/tasks", tasks_page),
             Route("/tasks/{task_id:path}", task_page),
+            Route("/cancel", cancel, methods=["POST"]),
+            Route("/workers", workers_page),
+            Route("/workers/{worker_id:path}", workers_page),
             Route("/login", login_page),
             Route("/login", login, methods=["POST"]),
             Route("/logout", logout, methods=["POST"]),

@@ -523,7 +523,7 @@ class PostgresBackend(PostgresKeys, PostgresState):
             if start is not None:
                 params.update(us=start[0], id=start[1])
         rows = self._fetch(Q[_LISTINGS[state, start is not None]], params)
-        page = [task(tuple(r[:21])) for r in rows[:limit]]
+        page = [task((*r[:21], r[23])) for r in rows[:limit]]  # and its cancel reason
         if len(rows) <= limit:
             return page, None
         last = rows[limit - 1]

@@ -419,7 +419,8 @@ SELECT t.id, t.queue, t.state, t.priority, t.payload, t.attempt, t.reclaims, t.f
        extract(epoch FROM t.leased_at)::float8, extract(epoch FROM t.expires_at)::float8,
        extract(epoch FROM t.finished_at)::float8, t.progress, t.checkpoint, t.result, t.error,
        t.partition, t.context, t.seq,
-       (extract(epoch FROM t.expires_at) * 1000000)::bigint AS us
+       (extract(epoch FROM t.expires_at) * 1000000)::bigint AS us,
+       t.cancel_reason
 FROM agentlease_tasks t
 WHERE t.queue = %(queue)s AND t.state = 'queued'
 ORDER BY t.priority DESC, t.seq LIMIT %(limit)s;
@@ -431,7 +432,8 @@ ORDER BY t.priority DESC, t.seq LIMIT %(limit)s;
        extract(epoch FROM t.leased_at)::float8, extract(epoch FROM t.expires_at)::float8,
        extract(epoch FROM t.finished_at)::float8, t.progress, t.checkpoint, t.result, t.error,
        t.partition, t.context, t.seq,
-       (extract(epoch FROM t.expires_at) * 1000000)::bigint AS us
+       (extract(epoch FROM t.expires_at) * 1000000)::bigint AS us,
+       t.cancel_reason
 FROM agentlease_tasks t
 WHERE t.queue = %(queue)s AND t.state = 'queued' AND t.priority = %(p)s AND t.seq > %(s)s
 ORDER BY t.seq LIMIT %(limit)s)
@@ -442,7 +444,8 @@ UNION ALL
        extract(epoch FROM t.leased_at)::float8, extract(epoch FROM t.expires_at)::float8,
        extract(epoch FROM t.finished_at)::float8, t.progress, t.checkpoint, t.result, t.error,
        t.partition, t.context, t.seq,
-       (extract(epoch FROM t.expires_at) * 1000000)::bigint AS us
+       (extract(epoch FROM t.expires_at) * 1000000)::bigint AS us,
+       t.cancel_reason
 FROM agentlease_tasks t
 WHERE t.queue = %(queue)s AND t.state = 'queued' AND t.priority < %(p)s
 ORDER BY t.priority DESC, t.seq LIMIT %(limit)s)
@@ -455,7 +458,8 @@ SELECT t.id, t.queue, t.state, t.priority, t.payload, t.attempt, t.reclaims, t.f
        extract(epoch FROM t.leased_at)::float8, extract(epoch FROM t.expires_at)::float8,
        extract(epoch FROM t.finished_at)::float8, t.progress, t.checkpoint, t.result, t.error,
        t.partition, t.context, t.seq,
-       (extract(epoch FROM t.expires_at) * 1000000)::bigint AS us
+       (extract(epoch FROM t.expires_at) * 1000000)::bigint AS us,
+       t.cancel_reason
 FROM agentlease_tasks t
 WHERE t.queue = %(queue)s AND t.state = 'leased'
 ORDER BY t.expires_at, t.id LIMIT %(limit)s;
@@ -467,7 +471,8 @@ ORDER BY t.expires_at, t.id LIMIT %(limit)s;
        extract(epoch FROM t.leased_at)::float8, extract(epoch FROM t.expires_at)::float8,
        extract(epoch FROM t.finished_at)::float8, t.progress, t.checkpoint, t.result, t.error,
        t.partition, t.context, t.seq,
-       (extract(epoch FROM t.expires_at) * 1000000)::bigint AS us
+       (extract(epoch FROM t.expires_at) * 1000000)::bigint AS us,
+       t.cancel_reason
 FROM agentlease_tasks t
 WHERE t.queue = %(queue)s AND t.state = 'leased' AND t.expires_at = 'epoch'::timestamptz + %(us)s::bigint * interval '1 microsecond' AND t.id > %(id)s
 ORDER BY t.id LIMIT %(limit)s)
@@ -478,7 +483,8 @@ UNION ALL
        extract(epoch FROM t.leased_at)::float8, extract(epoch FROM t.expires_at)::float8,
        extract(epoch FROM t.finished_at)::float8, t.progress, t.checkpoint, t.result, t.error,
        t.partition, t.context, t.seq,
-       (extract(epoch FROM t.expires_at) * 1000000)::bigint AS us
+       (extract(epoch FROM t.expires_at) * 1000000)::bigint AS us,
+       t.cancel_reason
 FROM agentlease_tasks t
 WHERE t.queue = %(queue)s AND t.state = 'leased' AND t.expires_at > 'epoch'::timestamptz + %(us)s::bigint * interval '1 microsecond'
 ORDER BY t.expires_at, t.id LIMIT %(limit)s)
@@ -491,7 +497,8 @@ SELECT t.id, t.queue, t.state, t.priority, t.payload, t.attempt, t.reclaims, t.f
        extract(epoch FROM t.leased_at)::float8, extract(epoch FROM t.expires_at)::float8,
        extract(epoch FROM t.finished_at)::float8, t.progress, t.checkpoint, t.result, t.error,
        t.partition, t.context, t.seq,
-       (extract(epoch FROM t.finished_at) * 1000000)::bigint AS us
+       (extract(epoch FROM t.finished_at) * 1000000)::bigint AS us,
+       t.cancel_reason
 FROM agentlease_tasks t
 WHERE t.queue = %(queue)s AND t.state = 'done'
 ORDER BY t.finished_at DESC, t.id DESC LIMIT %(limit)s;
@@ -503,7 +510,8 @@ ORDER BY t.finished_at DESC, t.id DESC LIMIT %(limit)s;
        extract(epoch FROM t.leased_at)::float8, extract(epoch FROM t.expires_at)::float8,
        extract(epoch FROM t.finished_at)::float8, t.progress, t.checkpoint, t.result, t.error,
        t.partition, t.context, t.seq,
-       (extract(epoch FROM t.finished_at) * 1000000)::bigint AS us
+       (extract(epoch FROM t.finished_at) * 1000000)::bigint AS us,
+       t.cancel_reason
 FROM agentlease_tasks t
 WHERE t.queue = %(queue)s AND t.state = 'done' AND t.finished_at = 'epoch'::timestamptz + %(us)s::bigint * interval '1 microsecond' AND t.id < %(id)s
 ORDER BY t.id DESC LIMIT %(limit)s)
@@ -514,7 +522,8 @@ UNION ALL
        extract(epoch FROM t.leased_at)::float8, extract(epoch FROM t.expires_at)::float8,
        extract(epoch FROM t.finished_at)::float8, t.progress, t.checkpoint, t.result, t.error,
        t.partition, t.context, t.seq,
-       (extract(epoch FROM t.finished_at) * 1000000)::bigint AS us
+       (extract(epoch FROM t.finished_at) * 1000000)::bigint AS us,
+       t.cancel_reason
 FROM agentlease_tasks t
 WHERE t.queue = %(queue)s AND t.state = 'done' AND t.finished_at < 'epoch'::timestamptz + %(us)s::bigint * interval '1 microsecond'
 ORDER BY t.finished_at DESC, t.id DESC LIMIT %(limit)s)
@@ -527,7 +536,8 @@ SELECT t.id, t.queue, t.state, t.priority, t.payload, t.attempt, t.reclaims, t.f
        extract(epoch FROM t.leased_at)::float8, extract(epoch FROM t.expires_at)::float8,
        extract(epoch FROM t.finished_at)::float8, t.progress, t.checkpoint, t.result, t.error,
        t.partition, t.context, t.seq,
-       (extract(epoch FROM t.finished_at) * 1000000)::bigint AS us
+       (extract(epoch FROM t.finished_at) * 1000000)::bigint AS us,
+       t.cancel_reason
 FROM agentlease_tasks t
 WHERE t.queue = %(queue)s AND t.state = 'dead'
 ORDER BY t.finished_at DESC, t.id DESC LIMIT %(limit)s;
@@ -539,7 +549,8 @@ ORDER BY t.finished_at DESC, t.id DESC LIMIT %(limit)s;
        extract(epoch FROM t.leased_at)::float8, extract(epoch FROM t.expires_at)::float8,
        extract(epoch FROM t.finished_at)::float8, t.progress, t.checkpoint, t.result, t.error,
        t.partition, t.context, t.seq,
-       (extract(epoch FROM t.finished_at) * 1000000)::bigint AS us
+       (extract(epoch FROM t.finished_at) * 1000000)::bigint AS us,
+       t.cancel_reason
 FROM agentlease_tasks t
 WHERE t.queue = %(queue)s AND t.state = 'dead' AND t.finished_at = 'epoch'::timestamptz + %(us)s::bigint * interval '1 microsecond' AND t.id < %(id)s
 ORDER BY t.id DESC LIMIT %(limit)s)
@@ -550,7 +561,8 @@ UNION ALL
        extract(epoch FROM t.leased_at)::float8, extract(epoch FROM t.expires_at)::float8,
        extract(epoch FROM t.finished_at)::float8, t.progress, t.checkpoint, t.result, t.error,
        t.partition, t.context, t.seq,
-       (extract(epoch FROM t.finished_at) * 1000000)::bigint AS us
+       (extract(epoch FROM t.finished_at) * 1000000)::bigint AS us,
+       t.cancel_reason
 FROM agentlease_tasks t
 WHERE t.queue = %(queue)s AND t.state = 'dead' AND t.finished_at < 'epoch'::timestamptz + %(us)s::bigint * interval '1 microsecond'
 ORDER BY t.finished_at DESC, t.id DESC LIMIT %(limit)s)
@@ -563,7 +575,8 @@ SELECT t.id, t.queue, t.state, t.priority, t.payload, t.attempt, t.reclaims, t.f
        extract(epoch FROM t.leased_at)::float8, extract(epoch FROM t.expires_at)::float8,
        extract(epoch FROM t.finished_at)::float8, t.progress, t.checkpoint, t.result, t.error,
        t.partition, t.context, t.seq,
-       (extract(epoch FROM t.finished_at) * 1000000)::bigint AS us
+       (extract(epoch FROM t.finished_at) * 1000000)::bigint AS us,
+       t.cancel_reason
 FROM agentlease_tasks t
 WHERE t.queue = %(queue)s AND t.state = 'cancelled'
 ORDER BY t.finished_at DESC, t.id DESC LIMIT %(limit)s;
@@ -575,7 +588,8 @@ ORDER BY t.finished_at DESC, t.id DESC LIMIT %(limit)s;
        extract(epoch FROM t.leased_at)::float8, extract(epoch FROM t.expires_at)::float8,
        extract(epoch FROM t.finished_at)::float8, t.progress, t.checkpoint, t.result, t.error,
        t.partition, t.context, t.seq,
-       (extract(epoch FROM t.finished_at) * 1000000)::bigint AS us
+       (extract(epoch FROM t.finished_at) * 1000000)::bigint AS us,
+       t.cancel_reason
 FROM agentlease_tasks t
 WHERE t.queue = %(queue)s AND t.state = 'cancelled' AND t.finished_at = 'epoch'::timestamptz + %(us)s::bigint * interval '1 microsecond' AND t.id < %(id)s
 ORDER BY t.id DESC LIMIT %(limit)s)
@@ -586,7 +600,8 @@ UNION ALL
        extract(epoch FROM t.leased_at)::float8, extract(epoch FROM t.expires_at)::float8,
        extract(epoch FROM t.finished_at)::float8, t.progress, t.checkpoint, t.result, t.error,
        t.partition, t.context, t.seq,
-       (extract(epoch FROM t.finished_at) * 1000000)::bigint AS us
+       (extract(epoch FROM t.finished_at) * 1000000)::bigint AS us,
+       t.cancel_reason
 FROM agentlease_tasks t
 WHERE t.queue = %(queue)s AND t.state = 'cancelled' AND t.finished_at < 'epoch'::timestamptz + %(us)s::bigint * interval '1 microsecond'
 ORDER BY t.finished_at DESC, t.id DESC LIMIT %(limit)s)

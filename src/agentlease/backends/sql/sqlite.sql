@@ -527,7 +527,7 @@ DELETE FROM agentlease_tasks WHERE id IN (
 -- :limit rows each. seq comes last, for the cursor of queued tasks.
 SELECT id, queue, state, priority, payload, attempt, reclaims, failures, max_reclaims,
        created_at, run_at, dedup_key, leased_at, expires_at, finished_at, progress, checkpoint,
-       result, error, partition, context, seq
+       result, error, partition, context, seq, cancel_reason
 FROM agentlease_tasks INDEXED BY agentlease_ready
 WHERE queue = :queue AND state = 'queued'
 ORDER BY priority DESC, seq LIMIT :limit;
@@ -536,7 +536,7 @@ ORDER BY priority DESC, seq LIMIT :limit;
 SELECT * FROM (
 SELECT id, queue, state, priority, payload, attempt, reclaims, failures, max_reclaims,
        created_at, run_at, dedup_key, leased_at, expires_at, finished_at, progress, checkpoint,
-       result, error, partition, context, seq
+       result, error, partition, context, seq, cancel_reason
 FROM agentlease_tasks INDEXED BY agentlease_ready
 WHERE queue = :queue AND state = 'queued' AND priority = :p AND seq > :s
 ORDER BY seq LIMIT :limit
@@ -545,7 +545,7 @@ UNION ALL
 SELECT * FROM (
 SELECT id, queue, state, priority, payload, attempt, reclaims, failures, max_reclaims,
        created_at, run_at, dedup_key, leased_at, expires_at, finished_at, progress, checkpoint,
-       result, error, partition, context, seq
+       result, error, partition, context, seq, cancel_reason
 FROM agentlease_tasks INDEXED BY agentlease_ready
 WHERE queue = :queue AND state = 'queued' AND priority < :p
 ORDER BY priority DESC, seq LIMIT :limit
@@ -555,7 +555,7 @@ ORDER BY 4 DESC, 22 LIMIT :limit;
 -- name: list_leased
 SELECT id, queue, state, priority, payload, attempt, reclaims, failures, max_reclaims,
        created_at, run_at, dedup_key, leased_at, expires_at, finished_at, progress, checkpoint,
-       result, error, partition, context, seq
+       result, error, partition, context, seq, cancel_reason
 FROM agentlease_tasks INDEXED BY agentlease_leased
 WHERE queue = :queue AND state = 'leased'
 ORDER BY expires_at, id LIMIT :limit;
@@ -564,7 +564,7 @@ ORDER BY expires_at, id LIMIT :limit;
 SELECT * FROM (
 SELECT id, queue, state, priority, payload, attempt, reclaims, failures, max_reclaims,
        created_at, run_at, dedup_key, leased_at, expires_at, finished_at, progress, checkpoint,
-       result, error, partition, context, seq
+       result, error, partition, context, seq, cancel_reason
 FROM agentlease_tasks INDEXED BY agentlease_leased
 WHERE queue = :queue AND state = 'leased' AND expires_at = :at AND id > :id
 ORDER BY id LIMIT :limit
@@ -573,7 +573,7 @@ UNION ALL
 SELECT * FROM (
 SELECT id, queue, state, priority, payload, attempt, reclaims, failures, max_reclaims,
        created_at, run_at, dedup_key, leased_at, expires_at, finished_at, progress, checkpoint,
-       result, error, partition, context, seq
+       result, error, partition, context, seq, cancel_reason
 FROM agentlease_tasks INDEXED BY agentlease_leased
 WHERE queue = :queue AND state = 'leased' AND expires_at > :at
 ORDER BY expires_at, id LIMIT :limit
@@ -583,7 +583,7 @@ ORDER BY 14, 1 LIMIT :limit;
 -- name: list_done
 SELECT id, queue, state, priority, payload, attempt, reclaims, failures, max_reclaims,
        created_at, run_at, dedup_key, leased_at, expires_at, finished_at, progress, checkpoint,
-       result, error, partition, context, seq
+       result, error, partition, context, seq, cancel_reason
 FROM agentlease_tasks INDEXED BY agentlease_done
 WHERE queue = :queue AND state = 'done'
 ORDER BY finished_at DESC, id DESC LIMIT :limit;
@@ -592,7 +592,7 @@ ORDER BY finished_at DESC, id DESC LIMIT :limit;
 SELECT * FROM (
 SELECT id, queue, state, priority, payload, attempt, reclaims, failures, max_reclaims,
        created_at, run_at, dedup_key, leased_at, expires_at, finished_at, progress, checkpoint,
-       result, error, partition, context, seq
+       result, error, partition, context, seq, cancel_reason
 FROM agentlease_tasks INDEXED BY agentlease_done
 WHERE queue = :queue AND state = 'done' AND finished_at = :at AND id < :id
 ORDER BY id DESC LIMIT :limit
@@ -601,7 +601,7 @@ UNION ALL
 SELECT * FROM (
 SELECT id, queue, state, priority, payload, attempt, reclaims, failures, max_reclaims,
        created_at, run_at, dedup_key, leased_at, expires_at, finished_at, progress, checkpoint,
-       result, error, partition, context, seq
+       result, error, partition, context, seq, cancel_reason
 FROM agentlease_tasks INDEXED BY agentlease_done
 WHERE queue = :queue AND state = 'done' AND finished_at < :at
 ORDER BY finished_at DESC, id DESC LIMIT :limit
@@ -611,7 +611,7 @@ ORDER BY 15 DESC, 1 DESC LIMIT :limit;
 -- name: list_dead
 SELECT id, queue, state, priority, payload, attempt, reclaims, failures, max_reclaims,
        created_at, run_at, dedup_key, leased_at, expires_at, finished_at, progress, checkpoint,
-       result, error, partition, context, seq
+       result, error, partition, context, seq, cancel_reason
 FROM agentlease_tasks INDEXED BY agentlease_dead
 WHERE queue = :queue AND state = 'dead'
 ORDER BY finished_at DESC, id DESC LIMIT :limit;
@@ -620,7 +620,7 @@ ORDER BY finished_at DESC, id DESC LIMIT :limit;
 SELECT * FROM (
 SELECT id, queue, state, priority, payload, attempt, reclaims, failures, max_reclaims,
        created_at, run_at, dedup_key, leased_at, expires_at, finished_at, progress, checkpoint,
-       result, error, partition, context, seq
+       result, error, partition, context, seq, cancel_reason
 FROM agentlease_tasks INDEXED BY agentlease_dead
 WHERE queue = :queue AND state = 'dead' AND finished_at = :at AND id < :id
 ORDER BY id DESC LIMIT :limit
@@ -629,7 +629,7 @@ UNION ALL
 SELECT * FROM (
 SELECT id, queue, state, priority, payload, attempt, reclaims, failures, max_reclaims,
        created_at, run_at, dedup_key, leased_at, expires_at, finished_at, progress, checkpoint,
-       result, error, partition, context, seq
+       result, error, partition, context, seq, cancel_reason
 FROM agentlease_tasks INDEXED BY agentlease_dead
 WHERE queue = :queue AND state = 'dead' AND finished_at < :at
 ORDER BY finished_at DESC, id DESC LIMIT :limit
@@ -647,7 +647,7 @@ DELETE FROM agentlease_tasks WHERE id IN (
 -- name: list_cancelled
 SELECT id, queue, state, priority, payload, attempt, reclaims, failures, max_reclaims,
        created_at, run_at, dedup_key, leased_at, expires_at, finished_at, progress, checkpoint,
-       result, error, partition, context, seq
+       result, error, partition, context, seq, cancel_reason
 FROM agentlease_tasks INDEXED BY agentlease_cancelled
 WHERE queue = :queue AND state = 'cancelled'
 ORDER BY finished_at DESC, id DESC LIMIT :limit;
@@ -656,7 +656,7 @@ ORDER BY finished_at DESC, id DESC LIMIT :limit;
 SELECT * FROM (
 SELECT id, queue, state, priority, payload, attempt, reclaims, failures, max_reclaims,
        created_at, run_at, dedup_key, leased_at, expires_at, finished_at, progress, checkpoint,
-       result, error, partition, context, seq
+       result, error, partition, context, seq, cancel_reason
 FROM agentlease_tasks INDEXED BY agentlease_cancelled
 WHERE queue = :queue AND state = 'cancelled' AND finished_at = :at AND id < :id
 ORDER BY id DESC LIMIT :limit
@@ -665,7 +665,7 @@ UNION ALL
 SELECT * FROM (
 SELECT id, queue, state, priority, payload, attempt, reclaims, failures, max_reclaims,
        created_at, run_at, dedup_key, leased_at, expires_at, finished_at, progress, checkpoint,
-       result, error, partition, context, seq
+       result, error, partition, context, seq, cancel_reason
 FROM agentlease_tasks INDEXED BY agentlease_cancelled
 WHERE queue = :queue AND state = 'cancelled' AND finished_at < :at
 ORDER BY finished_at DESC, id DESC LIMIT :limit
