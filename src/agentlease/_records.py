@@ -51,6 +51,7 @@ __all__ = [
     "encode_context",
     "error_type",
     "open_attempt",
+    "with_last_attempt",
 ]
 
 TaskState = Literal[
@@ -580,6 +581,33 @@ def attempts_from_json(data: bytes | str | None) -> tuple[Attempt, ...]:
     return tuple(out[-ATTEMPTS_KEPT:])
 
 
+def with_last_attempt(
+    ended: tuple[Attempt, ...],
+    *,
+    state: str,
+    attempt: int,
+    holder: str | None,
+    leased_at: float | None,
+    finished_at: float | None,
+) -> tuple[Attempt, ...]:
+    """A task's whole history from the attempts a store recorded and the task's own fields.
+
+    The SQL and Redis stores record an attempt only when it ends otherwise than done (failed,
+    timed out, released, expired, cancelled): a claim and a completion, the path nearly every
+    task takes, write nothing more than the task itself. The running attempt (state ``leased``)
+    and the last one of a ``done`` task are read from the task: its attempt number, its holder
+    (the worker of its last claim), its ``leased_at`` and ``finished_at``."""
+    if attempt <= 0 or leased_at is None or any(a.attempt == attempt for a in ended):
+        return ended
+    if state == "leased":
+        last = Attempt(attempt, holder, leased_at)
+    elif state == "done":
+        last = Attempt(attempt, holder, leased_at, finished_at, "done")
+    else:
+        return ended
+    return (*ended, last)[-ATTEMPTS_KEPT:]
+
+
 def error_type(error_json: bytes | None) -> str | None:
     """The ``type`` of a recorded error (``{"type": ..., "message": ...}``), else ``None``."""
     value = _context(error_json)
@@ -675,8 +703,19 @@ def task_from_row(row: Sequence[Any]) -> Task:
     """A :class:`Task` from a SQL row of its columns in the order the backends select them:
     id, queue, state, priority, payload, attempt, reclaims, failures, max_reclaims, created_at,
     run_at, dedup_key, leased_at, expires_at, finished_at, progress, checkpoint, result, error,
-    and optionally partition, context, cancel reason and the attempts (a JSON array, see
-    :func:`attempts_from_json`)."""
+    and optionally partition, context, cancel reason, the ended attempts (a JSON array, see
+    :func:`attempts_from_json`) and the holder of the last claim (see
+    :func:`with_last_attempt`)."""
+    attempts = attempts_from_json(row[22]) if len(row) > 22 else ()
+    if len(row) > 23:
+        attempts = with_last_attempt(
+            attempts,
+            state=row[2],
+            attempt=row[5],
+            holder=row[23],
+            leased_at=row[12],
+            finished_at=row[14],
+        )
     return Task(
         id=row[0],
         queue=row[1],
@@ -700,7 +739,7 @@ def task_from_row(row: Sequence[Any]) -> Task:
         partition=row[19] if len(row) > 19 else None,
         context_json=None if len(row) <= 20 or row[20] is None else bytes(row[20]),
         cancel_reason=row[21] if len(row) > 21 else None,
-        attempts=attempts_from_json(row[22]) if len(row) > 22 else (),
+        attempts=attempts,
     )
 
 

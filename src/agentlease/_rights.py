@@ -161,8 +161,8 @@ WORKER_FUNCTIONS = (
 ``agentlease_claim`` (kept by migration 6 for clients of schema version 5),
 ``agentlease_claim_ranked`` and ``agentlease_enqueue`` (kept by migration 8 for clients of schema
 version 7), ``agentlease_claim_context`` (kept by migration 11 for clients before it) and the
-trigger functions ``agentlease_partition_freed``, ``agentlease_attempt_open`` and
-``agentlease_attempt_close`` (a trigger needs no EXECUTE of whoever fires it)."""
+trigger functions ``agentlease_partition_freed``, ``agentlease_attempt_close`` and
+``agentlease_attempt_forget`` (a trigger needs no EXECUTE of whoever fires it)."""
 
 _CREDENTIALS = ("user", "password", "sslpassword")
 DEFAULT_ROLE = "agentlease_worker"

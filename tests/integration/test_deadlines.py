@@ -206,7 +206,6 @@ def test_a_child_enqueued_after_the_deadline_never_runs(store: Store) -> None:
 
 
 WITHOUT_VERSION_10 = (
-    "DROP TRIGGER agentlease_attempt_open",
     "DROP TRIGGER agentlease_attempt_close",
     "DROP TRIGGER agentlease_attempt_forget",
     "DROP TABLE agentlease_attempts",

@@ -14,10 +14,11 @@ busy, checked per row inside their one transaction (so an earlier task of the sa
 the trigger ``agentlease_unpark`` starts a partition's next task inside whichever statement
 finishes its last busy task (complete, fail, a reap past max_reclaims), so that step stays one.
 
-Attempt history (schema version 10): the triggers ``agentlease_attempt_open`` and
-``agentlease_attempt_close`` write a task's attempts (table ``agentlease_attempts``, the last 20)
-inside the statement that claims or ends its lease, whatever the path; the claim writes its
-holder into the task's row for them (and for ``inspect``). Live workers are rows of
+Attempt history (schema version 10): the claim writes its holder into the task's row (for
+``inspect`` and the history); the trigger ``agentlease_attempt_close`` records an attempt that
+ends otherwise than done (table ``agentlease_attempts``, the last 20) inside the statement that
+ends it, whatever the path. The running attempt and a done task's last one are read from the
+task's row, so a claim and a completion write nothing more. Live workers are rows of
 ``agentlease_workers``.
 
 Cancellation (schema version 8): ``cancel`` ends a waiting task at once; on a live lease it
@@ -279,7 +280,6 @@ class SQLiteBackend(SQLiteKeys, SQLiteState):
                     if statement.strip():
                         db.execute(statement)
                 db.execute(Q["unpark_trigger"])
-                db.execute(Q["attempt_open_trigger"])
                 db.execute(Q["attempt_close_trigger"])
                 db.execute(Q["attempt_forget_trigger"])
                 db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")

@@ -32,9 +32,11 @@ ids, and the next purge of the queue returns them once more, so ids a client tha
 the steps never freed are freed then; an id re-enqueued to the same queue between the two steps
 gets its entry back.
 
-Attempts and workers. The scripts that claim or end a lease record the task's attempt in the
-queue's hash ``{<prefix>:<queue>}:a`` in that same script (the holder a claim names is the
-worker of its attempt; ``inspect`` reads it there). Live workers are one hash and one zset under
+Attempts and workers. A claim records the worker it names (the lease's holder; ``inspect``
+reads it) in the queue's hash ``{<prefix>:<queue>}:a``; the scripts that end a lease otherwise
+than done (fail, release, a reap, a cancel) record its attempt there, in that same script. The
+running attempt and a done task's last one are read from the task record, so a claim and a
+completion write no history. Live workers are one hash and one zset under
 the hash tag ``{<prefix>:workers}`` (one shard), each primitive one script.
 
 Cancellation. ``cancel`` is one script on the task's queue (found through ``<prefix>:ids``); a

@@ -34,9 +34,10 @@ connection in autocommit mode, so each is its own transaction and one round trip
   ``(queue, finished_at)``, which exist since the first migration: tasks finished before
   purging existed are indexed like any other, and no migration was needed.
 * lease holders, attempt histories and live workers (migration ``0011_workers``): the claim
-  writes its holder into each leased row; two triggers record an attempt when a claim raises
-  ``attempt`` and end it when a lease ends (complete, fail, release, a reap), inside that
-  statement, in ``agentlease_attempts`` (the last 20 per task; ``get`` reads them). A worker's
+  writes its holder into each leased row; a trigger records an attempt that ends otherwise than
+  done (fail, release, a reap, a cancel) inside the statement that ends it, in
+  ``agentlease_attempts`` (the last 20 per task; ``get`` reads them with the task's row, which
+  gives the running attempt and a done task's last one). A worker's
   entry is one row of ``agentlease_workers``, written (with a sweep of lapsed rows) by one
   statement.
 * idempotency keys (migration ``0002_keys``) are one function call or statement each, in

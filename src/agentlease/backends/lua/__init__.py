@@ -26,11 +26,12 @@ on one Redis Cluster shard and every script is given all the keys it touches:
 ``{p:q}:e``                 hash: task id -> last error JSON, when set
 ``{p:q}:x``                 hash: task id -> its context JSON (root task, deadline), for the
                             tasks enqueued with one; absent while no task of the queue had one
-``{p:q}:a``                 hash: task id -> its attempt history, a JSON array of its last 20
-                            attempts (number, worker, started, ended, outcome, error type),
-                            written by the scripts that claim or end a lease (see
-                            ``attempt_open`` in ``_lib.lua``); the worker of a live lease's
-                            attempt is its holder
+``{p:q}:a``                 hash: task id -> a JSON array of its last 20 attempts that ended
+                            otherwise than done (number, worker, started, ended, outcome,
+                            error type), written by the scripts that end them; ``>`` + task
+                            id -> the worker of its last claim (its lease's holder). The
+                            running attempt and a done task's last one are read from the
+                            task record (see ``attempt_open`` in ``_lib.lua``)
 ``{p:q}:n``                 hash: the sequence counter, the counts of failed and of
                             cancelled tasks (the
                             other counts are sizes of hashes and ZSETs: ``stats`` is O(1)),
@@ -124,6 +125,7 @@ from agentlease._records import (
     WorkerInfo,
     attempts_from_json,
     reason_of,
+    with_last_attempt,
 )
 
 __all__ = [
@@ -387,8 +389,8 @@ def queue_keys(prefix: str, queue: str) -> QueueKeys:
         enqueue=(t, p, n, q, w, i, k, pb, pk, ph, x),
         claim=(t, p, c, e, n, q, w, i, d, pb, pk, ph, x, a, z),
         extend=(t, n, i, q, w, pb, pk, ph, a, z),
-        complete=(t, r, i, n, q, w, pb, pk, ph, a, f),
-        complete_many=(t, r, i, n, q, w, pb, pk, ph, a, f),
+        complete=(t, r, i, n, q, w, pb, pk, ph, f),
+        complete_many=(t, r, i, n, q, w, pb, pk, ph, f),
         fail=(t, p, r, g, c, e, n, i, w, d, q, pb, pk, ph, x, a),
         release=(t, n, i, q, a),
         progress=(t, g, c),
@@ -470,7 +472,18 @@ def task_from(queue: str, v: list[Any]) -> Task:
         partition=None if v[18] is None else v[18].decode(),
         context_json=v[19] if len(v) > 19 else None,
         cancel_reason=reason_of(v[17]) if len(v) > 20 and v[20] else None,
-        attempts=attempts_from_json(v[21]) if len(v) > 21 else (),
+        attempts=with_last_attempt(
+            attempts_from_json(v[21]),
+            state=_STATES[v[1]],
+            attempt=v[3],
+            holder=None if v[22] is None else v[22].decode(),
+            leased_at=_time(v[10]),
+            finished_at=_time(v[12]),
+        )
+        if len(v) > 22
+        else attempts_from_json(v[21])
+        if len(v) > 21
+        else (),
     )
 
 

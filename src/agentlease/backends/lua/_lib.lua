@@ -233,36 +233,40 @@ local function unpark(K, part, now)
   save(K.tasks, id, rec)
 end
 
--- @helper attempt_open: fmt
--- A task's attempt history is one field of the queue's hash {prefix:queue}:a: a JSON array
--- (cjson) of its last 20 attempts, oldest first, each an object: attempt, worker (absent when the
--- claim named none), started, and once it ended: ended, outcome, error (the error's type, for a
--- failure); times as fmt() strings. A claim opens an attempt.
-local function attempt_open(hist, id, attempt, worker, now)
-  local raw = redis.call('HGET', hist, id)
-  local list = {}
-  if raw then list = cjson.decode(raw) end
-  local entry = {attempt = attempt, started = fmt(now)}
-  if worker ~= '' then entry.worker = worker end
-  list[#list + 1] = entry
-  if #list > 20 then table.remove(list, 1) end
-  redis.call('HSET', hist, id, cjson.encode(list))
+-- @helper attempt_open:
+-- A task's attempt history lives in the queue's hash {prefix:queue}:a: field <id> is a JSON array
+-- (cjson) of its last 20 attempts that ended otherwise than done, oldest first, each an object:
+-- attempt, worker (absent when the claim named none), started, ended, outcome, error (the
+-- error's type, for a failure), times as fmt() strings; field '>' .. <id> (no task id holds a
+-- '>') is the worker of its last claim. A claim writes only that worker: the running attempt and
+-- the last one of a done task are read from the task record (its attempt, leased_at,
+-- finished_at) and this field, so a claim and a completion cost no history write.
+local function attempt_open(hist, id, worker)
+  if worker ~= '' then
+    redis.call('HSET', hist, '>' .. id, worker)
+  else
+    redis.call('HDEL', hist, '>' .. id)
+  end
 end
 
 -- @helper attempt_close: fmt
--- End the running attempt numbered attempt of a task (nothing if its history has none): outcome
--- done, failed (err: the error's type, or false), released or expired.
-local function attempt_close(hist, id, attempt, now, outcome, err)
+-- Record the attempt numbered attempt of a task, begun at started, as ended now otherwise than
+-- done: outcome failed (err: the error's type, or false), released, expired or cancelled; its
+-- worker is the one of the task's last claim.
+local function attempt_close(hist, id, attempt, started, now, outcome, err)
   local raw = redis.call('HGET', hist, id)
-  if not raw then return end
-  local list = cjson.decode(raw)
+  local list = {}
+  if raw then list = cjson.decode(raw) end
   local last = list[#list]
-  if last and last.attempt == attempt and not last.ended then
-    last.ended = fmt(now)
-    last.outcome = outcome
-    if err then last.error = err end
-    redis.call('HSET', hist, id, cjson.encode(list))
-  end
+  if last and last.attempt == attempt then return end  -- recorded already
+  local entry = {attempt = attempt, started = fmt(started), ended = fmt(math.max(now, started)),
+                 outcome = outcome}
+  local worker = redis.call('HGET', hist, '>' .. id)
+  if worker then entry.worker = worker end
+  if err then entry.error = err end
+  list[#list + 1] = entry
+  if #list > 20 then table.remove(list, 1) end
+  redis.call('HSET', hist, id, cjson.encode(list))
 end
 
 -- @helper error_type:
@@ -281,7 +285,7 @@ end
 -- K holds counters, tasks, busy, parked, hot, attempts, cancelled.
 local function end_cancelled(K, id, rec, now)
   if rec[F_STATE] == CANCELLING or rec[F_STATE] == LEASED then
-    attempt_close(K.attempts, id, rec[F_ATTEMPT], now, 'cancelled', false)
+    attempt_close(K.attempts, id, rec[F_ATTEMPT], rec[F_LEASED], now, 'cancelled', false)
   end
   rec[F_STATE] = CANCELLED
   rec[F_FINISHED] = now
@@ -310,7 +314,7 @@ local function reap(K, ids, now, front, out)
       out[#out + 1] = 'cancelled'
     elseif rec and rec[F_STATE] == LEASED then
       local reclaims = rec[F_RECLAIMS] + 1
-      attempt_close(K.attempts, id, rec[F_ATTEMPT], now, 'expired', false)
+      attempt_close(K.attempts, id, rec[F_ATTEMPT], rec[F_LEASED], now, 'expired', false)
       rec[F_RECLAIMS] = reclaims
       rec[F_TOKEN] = false
       rec[F_EXPIRES] = false

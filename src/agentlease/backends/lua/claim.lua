@@ -106,7 +106,7 @@ if count == 1 then
   save_head(tasks, id, raw, off, LEASED, attempt, string.sub(tokens, 1, 32), expires, req,
             finished, now, deadline, ptimeout, now)
   redis.call('ZADD', index, expires_s, id)
-  attempt_open(attempts, id, attempt, holder, now)
+  attempt_open(attempts, id, holder)
   local checkpoint = false
   if checkpointed then checkpoint = redis.call('HGET', checkpoints, id) end
   local context = false
@@ -156,7 +156,7 @@ for c = 1, count, 1000 do
                      .. since .. string.sub(raw, off + 1)
     scores[2 * j - 1] = expires_s
     scores[2 * j] = id
-    attempt_open(attempts, id, attempt, holder, now)
+    attempt_open(attempts, id, holder)
     local checkpoint = false
     if checkpointed then checkpoint = redis.call('HGET', checkpoints, id) end
     local b = #jobs

@@ -2,11 +2,10 @@
 -- complete: mark a leased task done with its result, fenced, in one atomic step. A task with a
 -- partition frees it, and the partition's next parked task starts if it is no longer busy.
 --
--- helpers: clock save_head attempt_close
+-- helpers: clock save_head
 -- KEYS: 1 tasks, 2 results, 3 index (leases by expiry, queued tasks), 4 counters (claim's wake
 --       time), 5 ready, 6 waiting, 7 busy (partition -> busy tasks), 8 parked, 9 hot
---       (partition -> minus its parked tasks), 10 attempts (task id -> its attempt history),
---       11 done (done tasks by finished_at, for purging)
+--       (partition -> minus its parked tasks), 10 done (done tasks by finished_at, for purging)
 -- ARGV: 1 task id, 2 token, 3 request nonce, 4 result JSON ('' for none)
 -- Returns: 1 when done; {'replayed'} when this same request was already applied (a retry after
 --          a lost reply); {'lost', current attempt, state, reason} when the lease is not held;
@@ -23,10 +22,9 @@ if not (state == LEASED and held == token and now < expires) then
   return refusal(state, attempt, held, req, token, nonce)
 end
 save_head(tasks, id, raw, off, DONE, attempt, false, false, nonce, now)
-attempt_close(KEYS[10], id, attempt, now, 'done', false)
 if result ~= '' then redis.call('HSET', results, id, result) end
 redis.call('ZREM', index, id)
-redis.call('ZADD', KEYS[11], now, id)
+redis.call('ZADD', KEYS[10], now, id)
 -- The record's third byte is its number of values: 22 when it has a partition (see _lib.lua).
 if string.byte(raw, 3) == 22 then
   -- helpers here: unpark

@@ -2,11 +2,10 @@
 -- complete_many: complete.lua for many leased tasks of one queue in one script call. Each item is
 -- fenced and applied on its own, exactly as complete.lua would (the batch is not all or nothing).
 --
--- helpers: clock save_head attempt_close
+-- helpers: clock save_head
 -- KEYS: 1 tasks, 2 results, 3 index (leases by expiry, queued tasks), 4 counters (claim's wake
 --       time), 5 ready, 6 waiting, 7 busy (partition -> busy tasks), 8 parked, 9 hot
---       (partition -> minus its parked tasks), 10 attempts (task id -> its attempt history),
---       11 done (done tasks by finished_at, for purging)
+--       (partition -> minus its parked tasks), 10 done (done tasks by finished_at, for purging)
 -- ARGV: 1 request nonce (one for the whole batch: each record keeps it on its own), 2 the task
 --       ids and tokens, space-separated ("id1 token1 id2 token2 ..."; neither contains a space),
 --       then one result JSON per task ('' for none)
@@ -29,10 +28,9 @@ for id, token in string.gmatch(ARGV[2], '(%S+) (%S+)') do
       out[#out + 1] = refusal(state, attempt, held, req, token, nonce)
     else
       save_head(tasks, id, raw, off, DONE, attempt, false, false, nonce, now)
-      attempt_close(KEYS[10], id, attempt, now, 'done', false)
       if result ~= '' then redis.call('HSET', results, id, result) end
       redis.call('ZREM', index, id)
-      redis.call('ZADD', KEYS[11], now, id)
+      redis.call('ZADD', KEYS[10], now, id)
       -- The record's third byte is its number of values: 22 when it has a partition.
       if string.byte(raw, 3) == 22 then
         -- helpers here: unpark

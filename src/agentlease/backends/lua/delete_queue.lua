@@ -52,6 +52,8 @@ for i = 1, #ids, 1000 do
   local chunk = {unpack(ids, i, math.min(i + 999, #ids))}
   for k = 1, 7 do redis.call('HDEL', KEYS[k], unpack(chunk)) end
   redis.call('HDEL', KEYS[17], unpack(chunk))
+  for k = 1, #chunk do chunk[k] = '>' .. chunk[k] end
+  redis.call('HDEL', KEYS[17], unpack(chunk))
 end
 if redis.call('HLEN', tasks) == 0 then
   redis.call('UNLINK', unpack(KEYS))

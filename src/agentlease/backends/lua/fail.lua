@@ -25,7 +25,7 @@ if not rec then
   end
   return refusal
 end
-attempt_close(KEYS[16], id, rec[F_ATTEMPT], now, 'failed', error_type(err))
+attempt_close(KEYS[16], id, rec[F_ATTEMPT], rec[F_LEASED], now, 'failed', error_type(err))
 rec[F_FAILURES] = rec[F_FAILURES] + 1
 rec[F_TOKEN] = false
 rec[F_EXPIRES] = false

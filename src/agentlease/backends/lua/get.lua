@@ -8,7 +8,8 @@
 -- Returns: the task, flat: id, state, priority, attempt, reclaims, failures, max_reclaims,
 --          created_at, run_at, dedup key, leased_at, expires_at, finished_at, payload, progress,
 --          checkpoint, result, error, partition, context, cancelled (1 once a cancel was
---          asked for, else 0), attempt history (JSON; times as strings; absent values nil);
+--          asked for, else 0), ended attempts (JSON; times as strings), the worker of the last
+--          claim (absent values nil);
 --          nil if no such task.
 local K = {tasks = KEYS[1], payloads = KEYS[2], results = KEYS[3], progress = KEYS[4],
            checkpoints = KEYS[5], errors = KEYS[6], contexts = KEYS[7]}
@@ -16,4 +17,5 @@ local rec = load(K.tasks, ARGV[1])
 if not rec then return false end
 local reply = task_reply(K, ARGV[1], rec)
 reply[22] = redis.call('HGET', KEYS[8], ARGV[1])
+reply[23] = redis.call('HGET', KEYS[8], '>' .. ARGV[1])
 return reply

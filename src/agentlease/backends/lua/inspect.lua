@@ -3,7 +3,7 @@
 --
 -- helpers: clock fmt load
 -- KEYS: 1 tasks, 2 counters, 3 index (leases by expiry, queued tasks), 4 attempts (task id ->
---       its attempt history: the holder is the worker of the lease's attempt)
+--       its attempt history; '>' .. task id -> the worker of its last claim, the holder)
 -- ARGV: 1 limit
 -- Returns: {now, then 7 values per lease: id, attempt, leased_at, expires_at, reclaims,
 --          failures, holder (nil if none)}; nil if nothing was ever enqueued to the queue.
@@ -21,15 +21,7 @@ for _, id in ipairs(ids) do
   out[#out + 1] = fmt(rec[F_EXPIRES])
   out[#out + 1] = rec[F_RECLAIMS]
   out[#out + 1] = rec[F_FAILURES]
-  local holder = false
-  local raw = redis.call('HGET', KEYS[4], id)
-  if raw then
-    local list = cjson.decode(raw)
-    local last = list[#list]
-    if last and last.attempt == rec[F_ATTEMPT] and type(last.worker) == 'string' then
-      holder = last.worker
-    end
-  end
+  local holder = redis.call('HGET', KEYS[4], '>' .. id)
   out[#out + 1] = holder
 end
 return out

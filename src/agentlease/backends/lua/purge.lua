@@ -59,7 +59,7 @@ for _, id in ipairs(ids) do
     local dedup = rec[F_DEDUP]
     if dedup and redis.call('HGET', KEYS[8], dedup) == id then redis.call('HDEL', KEYS[8], dedup) end
     for k = 1, 7 do redis.call('HDEL', KEYS[k], id) end
-    redis.call('HDEL', KEYS[12], id)
+    redis.call('HDEL', KEYS[12], id, '>' .. id)
     purged[#purged + 1] = id
   end
 end

@@ -13,7 +13,7 @@ local id, token, nonce, front = ARGV[1], ARGV[2], ARGV[3], ARGV[4] == '1'
 local now = clock()
 local rec, refusal = fence(tasks, id, token, nonce, now)
 if not rec then return refusal end
-attempt_close(KEYS[5], id, rec[F_ATTEMPT], now, 'released', false)
+attempt_close(KEYS[5], id, rec[F_ATTEMPT], rec[F_LEASED], now, 'released', false)
 rec[F_TOKEN] = false
 rec[F_EXPIRES] = false
 rec[F_REQ] = nonce

@@ -183,7 +183,8 @@ SELECT id, queue, state, priority, payload, attempt, reclaims, failures, max_rec
                    'started', extract(epoch FROM a.started)::float8,
                    'ended', extract(epoch FROM a.ended)::float8,
                    'outcome', a.outcome, 'error', a.error) ORDER BY a.attempt)::text
-        FROM agentlease_attempts a WHERE a.task_id = %(id)s)
+        FROM agentlease_attempts a WHERE a.task_id = %(id)s),
+       holder
 FROM agentlease_tasks WHERE id = %(id)s;
 
 -- name: cancel

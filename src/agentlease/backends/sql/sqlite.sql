@@ -170,9 +170,9 @@ CREATE TABLE IF NOT EXISTS agentlease_breakers (
 CREATE INDEX IF NOT EXISTS agentlease_budgets_expiry ON agentlease_budgets (expires_at);
 CREATE INDEX IF NOT EXISTS agentlease_breakers_expiry ON agentlease_breakers (expires_at);
 
--- Attempt history (schema version 10): one row per attempt of a task, the last 20 kept, written
--- by the triggers agentlease_attempt_open and agentlease_attempt_close inside the statement that
--- claims or ends the lease. Live workers: one row per worker id, listed while expires_at is
+-- Attempt history (schema version 10): one row per attempt of a task that ended otherwise than
+-- done, the last 20 kept, written by the trigger agentlease_attempt_close inside the statement
+-- that ends the lease (the running attempt and a done task's last one are the task's own row). Live workers: one row per worker id, listed while expires_at is
 -- ahead (register_worker deletes lapsed rows through the expiry index).
 CREATE TABLE IF NOT EXISTS agentlease_attempts (
     task_id TEXT NOT NULL,
@@ -213,40 +213,34 @@ BEGIN
                         AND state IN ('scheduled', 'queued', 'leased', 'failed'));
 END;
 
--- name: attempt_open_trigger
--- Run after the schema, as one statement. A claim raised the attempt: record it, with the
--- holder the claim wrote and its leased_at, and drop attempts past the last 20.
-CREATE TRIGGER IF NOT EXISTS agentlease_attempt_open
-AFTER UPDATE OF attempt ON agentlease_tasks
-WHEN NEW.attempt > OLD.attempt AND NEW.state = 'leased'
-BEGIN
-    INSERT OR REPLACE INTO agentlease_attempts (task_id, attempt, worker, started)
-    VALUES (NEW.id, NEW.attempt, NEW.holder, NEW.leased_at);
-    DELETE FROM agentlease_attempts WHERE task_id = NEW.id AND attempt <= NEW.attempt - 20;
-END;
-
 -- name: attempt_close_trigger
--- Run after the schema, as one statement. A lease ended (complete, fail, release, a reap): end
--- its attempt, the outcome told by what the statement changed: done; a failure (failures + 1,
--- with the error's type); a reap (reclaims + 1): expired; back to queued otherwise: released.
--- The time is the task's finished_at when the statement finished it, else the clock now
--- (julianday: milliseconds), never before the lease began.
+-- Run after the schema, as one statement. A lease ended otherwise than done (fail, release, a
+-- reap, a cancel): record its attempt, with the holder the claim wrote and its leased_at, the
+-- outcome told by what the statement changed: a failure (failures + 1, with the error's type);
+-- a reap (reclaims + 1): expired; back to queued otherwise: released; else the new state
+-- (cancelled). The time is the task's finished_at when the statement finished it, else the
+-- clock now (julianday: milliseconds), never before the lease began. Attempts past the last 20
+-- are dropped. A claim and a completion write no attempt: the running attempt and the last one
+-- of a done task are read from the task itself (_records.with_last_attempt), so the path nearly
+-- every task takes costs no write beyond the task's own row.
 CREATE TRIGGER IF NOT EXISTS agentlease_attempt_close
 AFTER UPDATE OF state ON agentlease_tasks
-WHEN OLD.state = 'leased' AND NEW.state <> 'leased'
+WHEN OLD.state = 'leased' AND NEW.state NOT IN ('leased', 'done')
 BEGIN
-    UPDATE agentlease_attempts
-    SET ended = max(CASE WHEN NEW.state IN ('done', 'dead', 'cancelled') THEN NEW.finished_at
-                         ELSE 0 END,
-                    coalesce(OLD.leased_at, 0), (julianday('now') - 2440587.5) * 86400.0),
-        outcome = CASE WHEN NEW.state = 'done' THEN 'done'
-                       WHEN NEW.failures > OLD.failures THEN 'failed'
-                       WHEN NEW.reclaims > OLD.reclaims THEN 'expired'
-                       WHEN NEW.state = 'queued' THEN 'released'
-                       ELSE NEW.state END,
-        error = CASE WHEN NEW.failures > OLD.failures AND json_valid(CAST(NEW.error AS TEXT))
-                     THEN json_extract(CAST(NEW.error AS TEXT), '$.type') END
-    WHERE task_id = NEW.id AND attempt = NEW.attempt AND ended IS NULL;
+    INSERT OR REPLACE INTO agentlease_attempts
+        (task_id, attempt, worker, started, ended, outcome, error)
+    VALUES (
+        NEW.id, OLD.attempt, OLD.holder, OLD.leased_at,
+        max(CASE WHEN NEW.state IN ('dead', 'cancelled') THEN NEW.finished_at ELSE 0 END,
+            coalesce(OLD.leased_at, 0), (julianday('now') - 2440587.5) * 86400.0),
+        CASE WHEN NEW.failures > OLD.failures THEN 'failed'
+             WHEN NEW.reclaims > OLD.reclaims THEN 'expired'
+             WHEN NEW.state = 'queued' THEN 'released'
+             ELSE NEW.state END,
+        CASE WHEN NEW.failures > OLD.failures AND json_valid(CAST(NEW.error AS TEXT))
+             THEN json_extract(CAST(NEW.error AS TEXT), '$.type') END
+    );
+    DELETE FROM agentlease_attempts WHERE task_id = NEW.id AND attempt <= OLD.attempt - 20;
 END;
 
 -- name: attempt_forget_trigger
@@ -424,7 +418,8 @@ SELECT id, queue, state, priority, payload, attempt, reclaims, failures, max_rec
        (SELECT json_group_array(json_object(
                    'attempt', a.attempt, 'worker', a.worker, 'started', a.started,
                    'ended', a.ended, 'outcome', a.outcome, 'error', a.error))
-        FROM (SELECT * FROM agentlease_attempts WHERE task_id = :id ORDER BY attempt) a)
+        FROM (SELECT * FROM agentlease_attempts WHERE task_id = :id ORDER BY attempt) a),
+       holder
 FROM agentlease_tasks WHERE id = :id;
 
 -- name: cancel_state

@@ -2,11 +2,11 @@
 --
 -- 1. agentlease_tasks.holder: the worker that claimed the live lease (NULL for a claim that
 --    named none, and for the tasks already there).
--- 2. agentlease_attempts: one row per attempt of a task, the last 20 kept, written by the
---    triggers agentlease_attempt_open (a claim raised the attempt) and agentlease_attempt_close
---    (a lease ended: complete, fail, release, a reap), inside the statement that did it, so each
---    of those primitives stays one atomic step whatever function or statement runs it; a deleted
---    task's attempts go with it (trigger agentlease_attempt_forget).
+-- 2. agentlease_attempts: one row per attempt of a task that ended otherwise than done (fail,
+--    release, a reap, a cancel), the last 20 kept, written by the trigger
+--    agentlease_attempt_close inside the statement that ended it, so each of those primitives
+--    stays one atomic step whatever function or statement runs it; a deleted task's attempts go
+--    with it (trigger agentlease_attempt_forget).
 -- 3. agentlease_workers: one row per live worker, with a TTL (expires_at) on the store's clock.
 -- 4. agentlease_claim_holder: agentlease_claim_context (0008_task_context.sql) that writes the
 --    claim's holder into each leased row and returns each job's due time (run_at, which a claim
@@ -33,51 +33,40 @@ CREATE TABLE agentlease_workers (
 );
 CREATE INDEX agentlease_workers_expiry ON agentlease_workers (expires_at);
 
--- A claim raised the attempt: record it with the holder the claim wrote and its leased_at, and
--- drop attempts past the last 20 (through the primary key).
-CREATE FUNCTION agentlease_attempt_open() RETURNS trigger
-LANGUAGE plpgsql AS $$
-BEGIN
-    INSERT INTO agentlease_attempts (task_id, attempt, worker, started)
-    VALUES (NEW.id, NEW.attempt, NEW.holder, NEW.leased_at)
-    ON CONFLICT (task_id, attempt) DO UPDATE
-    SET worker = EXCLUDED.worker, started = EXCLUDED.started, ended = NULL, outcome = NULL,
-        error = NULL;
-    IF NEW.attempt > 20 THEN
-        DELETE FROM agentlease_attempts WHERE task_id = NEW.id AND attempt <= NEW.attempt - 20;
-    END IF;
-    RETURN NULL;
-END
-$$;
-
-CREATE TRIGGER agentlease_attempt_open
-AFTER UPDATE OF attempt ON agentlease_tasks
-FOR EACH ROW WHEN (NEW.attempt > OLD.attempt AND NEW.state = 'leased')
-EXECUTE FUNCTION agentlease_attempt_open();
-
--- A lease ended: end its attempt, the outcome told by what the statement changed: done; a
--- failure (failures + 1, with the error's type); a reap (reclaims + 1): expired; back to queued
--- otherwise: released (another state passes through as its name).
+-- A lease ended otherwise than done: record its attempt, with the holder the claim wrote and
+-- its leased_at, the outcome told by what the statement changed: a failure (failures + 1, with
+-- the error's type); a reap (reclaims + 1): expired; back to queued otherwise: released; else
+-- the new state (dead past max_reclaims counts as expired; cancelled passes through). Attempts
+-- past the last 20 are dropped (through the primary key). A claim and a completion record
+-- nothing: the running attempt and the last one of a done task are read from the task's row
+-- (holder, leased_at, finished_at), so the path nearly every task takes writes no more rows.
 CREATE FUNCTION agentlease_attempt_close() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
-    UPDATE agentlease_attempts
-    SET ended = greatest(clock_timestamp(), OLD.leased_at),
-        outcome = CASE WHEN NEW.state = 'done' THEN 'done'
-                       WHEN NEW.failures > OLD.failures THEN 'failed'
-                       WHEN NEW.reclaims > OLD.reclaims THEN 'expired'
-                       WHEN NEW.state = 'queued' THEN 'released'
-                       ELSE NEW.state END,
-        error = CASE WHEN NEW.failures > OLD.failures AND json_typeof(NEW.error) = 'object'
-                     THEN NEW.error ->> 'type' END
-    WHERE task_id = NEW.id AND attempt = NEW.attempt AND ended IS NULL;
+    INSERT INTO agentlease_attempts (task_id, attempt, worker, started, ended, outcome, error)
+    VALUES (
+        NEW.id, OLD.attempt, OLD.holder, OLD.leased_at,
+        greatest(clock_timestamp(), OLD.leased_at),
+        CASE WHEN NEW.failures > OLD.failures THEN 'failed'
+             WHEN NEW.reclaims > OLD.reclaims THEN 'expired'
+             WHEN NEW.state = 'queued' THEN 'released'
+             ELSE NEW.state END,
+        CASE WHEN NEW.failures > OLD.failures AND json_typeof(NEW.error) = 'object'
+             THEN NEW.error ->> 'type' END
+    )
+    ON CONFLICT (task_id, attempt) DO UPDATE
+    SET worker = EXCLUDED.worker, started = EXCLUDED.started, ended = EXCLUDED.ended,
+        outcome = EXCLUDED.outcome, error = EXCLUDED.error;
+    IF OLD.attempt > 20 THEN
+        DELETE FROM agentlease_attempts WHERE task_id = NEW.id AND attempt <= OLD.attempt - 20;
+    END IF;
     RETURN NULL;
 END
 $$;
 
 CREATE TRIGGER agentlease_attempt_close
 AFTER UPDATE OF state ON agentlease_tasks
-FOR EACH ROW WHEN (OLD.state = 'leased' AND NEW.state <> 'leased')
+FOR EACH ROW WHEN (OLD.state = 'leased' AND NEW.state NOT IN ('leased', 'done'))
 EXECUTE FUNCTION agentlease_attempt_close();
 
 -- A task deleted (delete_queue, a purge) takes its attempt history with it, in the same
