@@ -117,6 +117,7 @@ from agentlease._scope import enter_task
 from agentlease._settings import WorkerSettings, heartbeat_interval
 from agentlease._sync.queue import Queue
 from agentlease._threads import Call, HandlerThreads
+from agentlease._time_limits import run_sync, run_until
 from agentlease.backends.base import Backend
 from agentlease.errors import (
     AgentLeaseError,
@@ -128,7 +129,6 @@ from agentlease.errors import (
     LeaseLost,
     PayloadError,
     TaskCancelled,
-    TaskTimeout,
 )
 
 __all__ = ["AsyncHandler", "AsyncWorker", "Handler", "SyncHandler", "Worker", "WorkerSettings"]
@@ -514,7 +514,7 @@ class AsyncWorker:
             limit=entry.limit,
         )
         entry.future = threads.submit(
-            functools.partial(context.run, _run_sync, self._sync_handler, ctx),
+            functools.partial(context.run, run_sync, self._sync_handler, ctx),
             functools.partial(self._returned_on_thread, entry),
         )
 
@@ -697,7 +697,7 @@ class AsyncWorker:
         result: JSON = None
         error: BaseException | None = None
         try:
-            result = await _run_until(entry.at, handler(ctx), job.task_id, entry.limit)
+            result = await run_until(entry.at, handler(ctx), job.task_id, entry.limit)
         except (asyncio.CancelledError, Exception) as exc:
             error = exc
         finally:
@@ -938,56 +938,6 @@ class _Running:
     @property
     def key(self) -> LeaseKey:
         return (self.job.lease.task_id, self.job.lease.token)
-
-
-def _run_sync(handler: SyncHandler, ctx: JobContext) -> JSON:
-    """Run a sync handler (on its thread, in the job's context): a result returned after the
-    task's deadline is not accepted (the deadline ended the tree; an async handler would have
-    been cancelled), nor one returned after the attempt's time limit (the attempt failed)."""
-    result = handler(ctx)
-    at = ctx.deadline_at
-    now = _clock.monotonic()
-    if at is not None and now >= at:
-        raise DeadlineExceeded(f"task {ctx.task_id}", overdue_s=now - at)
-    if ctx.limit_at is not None and now >= ctx.limit_at:
-        raise TaskTimeout(ctx.task_id, ctx.limit or 0.0)
-    return result
-
-
-async def _run_until(
-    at: float | None, work: Awaitable[JSON], task_id: str, limit: float | None = None
-) -> JSON:
-    """Await an async handler, cancelled at the task's deadline ``at`` (monotonic) or at the end
-    of the attempt's time limit of ``limit`` seconds, whichever comes first: then
-    :class:`~agentlease.errors.DeadlineExceeded` or :class:`~agentlease.errors.TaskTimeout` is
-    raised in its place."""
-    start = _clock.monotonic()
-    limit_at = None if limit is None else start + limit
-    ends = [t for t in (at, limit_at) if t is not None]
-    if not ends:
-        return await work
-    stop = min(ends)
-    loop = asyncio.get_running_loop()
-    # The loop's clock is _clock.monotonic() by default; convert in case it is another.
-    timer = asyncio.timeout_at(loop.time() + (stop - start))
-    try:
-        async with timer:
-            result = await work
-    except TimeoutError as exc:
-        if not timer.expired():
-            raise  # the handler's own timeout, not the deadline or the limit
-        raise _ended(at, limit, task_id) from exc
-    if timer.expired():  # it swallowed the cancellation and returned: too late all the same
-        raise _ended(at, limit, task_id)
-    return result
-
-
-def _ended(at: float | None, limit: float | None, task_id: str) -> Exception:
-    """Why an async handler was stopped: the deadline if it has passed, else the time limit."""
-    now = _clock.monotonic()
-    if at is not None and now >= at:
-        return DeadlineExceeded(f"task {task_id}", overdue_s=now - at)
-    return TaskTimeout(task_id, limit or 0.0)
 
 
 class Worker:
