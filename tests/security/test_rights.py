@@ -447,7 +447,7 @@ def revoked(pg: PG) -> Iterator[Callable[[str], None]]:
             f"REVOKE EXECUTE ON FUNCTION {SCHEMA}.agentlease_claim_holder FROM {WORKER}",
             f"EXECUTE on function {SCHEMA}.agentlease_claim_holder",
         ),
-        (  # the claim's trigger records the attempt, as the role that claims
+        (  # a release's trigger records the attempt, as the role that releases
             f"REVOKE INSERT ON {SCHEMA}.agentlease_attempts FROM {WORKER}",
             f"SELECT, INSERT, UPDATE, DELETE on table {SCHEMA}.agentlease_attempts",
         ),
@@ -461,16 +461,18 @@ def revoked(pg: PG) -> Iterator[Callable[[str], None]]:
 def test_postgres_one_right_less_is_a_permission_error_naming_it(
     pg: PG, revoked: Callable[[str], None], revoke: str, named: str
 ) -> None:
-    _enqueue(pg.url, "rights-less", 1)
+    _enqueue(pg.url, "rights-less", 2)  # one for each face
     revoked(revoke)
 
     def claim() -> None:
         with al.Queue.connect(pg.url) as queue:
-            queue.claim("rights-less")
+            for job in queue.claim("rights-less"):
+                queue.release(job.lease)
 
     async def claim_async() -> None:
         async with al.AsyncQueue.connect(pg.url) as queue:
-            await queue.claim("rights-less")
+            for job in await queue.claim("rights-less"):
+                await queue.release(job.lease)
 
     for exc in (_refusal(claim), _refusal(lambda: asyncio.run(claim_async()))):
         assert named in str(exc), exc
