@@ -58,7 +58,7 @@ fi
 # This checkout (the venv may have been built from another one); its dependencies are above.
 "$venv/bin/python" -m pip install -q --no-deps --no-build-isolation -e .
 FLOORED="redis|hiredis|psycopg|psycopg-binary|psycopg-pool|starlette|uvicorn|jinja2|cronsim"
-FLOORED+="|opentelemetry-api|opentelemetry-sdk|opentelemetry-exporter-prometheus|prometheus-client"
+FLOORED+="|opentelemetry-api|opentelemetry-sdk|opentelemetry-exporter-prometheus|prometheus.client"
 FLOORED+="|mkdocs|mkdocstrings|mkdocstrings-python|mkdocs-material"
 "$venv/bin/python" -m pip list 2>/dev/null | grep -iE "^($FLOORED) "
 
