@@ -11,11 +11,12 @@ directories of their own.
 
 from __future__ import annotations
 
+import importlib
 import os
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -33,6 +34,19 @@ EMBEDDED = ["memory", "sqlite"]
 ALL_BACKENDS = [*EMBEDDED, "redis", "redis-cluster", "postgres"]
 _NARROWED = os.environ.get("AGENTLEASE_TEST_BACKENDS", ",".join(ALL_BACKENDS)).split(",")
 BACKENDS = ALL_BACKENDS if REQUIRE_SERVICES else [b for b in ALL_BACKENDS if b in _NARROWED]
+
+
+def require(module: str, extra: str) -> Any:
+    """The module a test needs, imported; when it is missing, the test module is skipped, or,
+    when services are required (CI installs every extra), failed: a missing extra never passes
+    for a skip there."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        message = f"{module} is not installed ({extra}): {exc}"
+        if REQUIRE_SERVICES:
+            pytest.fail(message + " (AGENTLEASE_REQUIRE_SERVICES=1)", pytrace=False)
+        pytest.skip(message, allow_module_level=True)
 
 
 def unavailable(service: str, reason: str) -> None:

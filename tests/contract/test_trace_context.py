@@ -8,9 +8,6 @@ import contextvars
 from collections.abc import Iterator
 
 import pytest
-
-pytest.importorskip("opentelemetry.sdk")
-
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter

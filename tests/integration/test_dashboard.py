@@ -13,15 +13,14 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import httpx
 import pytest
 
-pytest.importorskip("starlette", reason="the dashboard extra is not installed")
-httpx = pytest.importorskip("httpx", reason="httpx (the test extra) is not installed")
-
-import agentlease as al  # noqa: E402
-from agentlease._records import STATES  # noqa: E402
-from agentlease.dashboard import create_app  # noqa: E402
-from agentlease.dashboard._app import COOKIE  # noqa: E402
+import agentlease as al
+from agentlease._records import STATES
+from agentlease.dashboard import create_app
+from agentlease.dashboard._app import COOKIE
+from tests.conftest import require
 
 Q = "emails"
 TOKEN = "s3cret-token"
@@ -286,7 +285,7 @@ async def test_a_store_that_goes_away_gives_a_banner_and_comes_back(tmp_path: Pa
 
 
 async def test_an_unreachable_redis_gives_a_banner() -> None:
-    pytest.importorskip("redis", reason="the redis extra is not installed")
+    require("redis", "the redis extra")
     async with client(lambda: create_app("redis://127.0.0.1:1/0?connect_timeout=1")) as c:
         page = await c.get("/")
     assert page.status_code == 503
@@ -417,7 +416,7 @@ async def test_metrics_give_each_queue_s_depth_leases_workers_and_dead_letters(s
     """``/metrics`` in the Prometheus text format matches the store; it is read at most once
     per interval (a scrape within it gives the same values), needs no token, and names no
     state the store does not know."""
-    pytest.importorskip("prometheus_client", reason="the prometheus extra is not installed")
+    require("prometheus_client", "the prometheus extra")
     q = store.queue()
     fill(q)
     q.enqueue("other", "x")
@@ -471,7 +470,7 @@ def test_the_dashboard_command_serves_metrics(tmp_path: Path) -> None:
     import socket
     import time
 
-    pytest.importorskip("prometheus_client", reason="the prometheus extra is not installed")
+    require("prometheus_client", "the prometheus extra")
     url = f"sqlite:///{tmp_path / 'd.db'}"
     with al.Queue(al.connect(url)) as q:
         q.enqueue_many(Q, ["a", "b"])

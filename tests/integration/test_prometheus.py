@@ -17,9 +17,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-
-pytest.importorskip("opentelemetry.exporter.prometheus")
-
 from prometheus_client.parser import text_string_to_metric_families
 
 import agentlease as al

@@ -14,7 +14,7 @@ import pytest
 
 import agentlease as al
 from agentlease import InvalidInput, LimitReached
-from tests.conftest import Store
+from tests.conftest import Store, require
 from tests.contract.test_counter_holds import frozen, wait_until
 
 MAX = 2**53 - 1  # the largest integer Redis's Lua (doubles) compares exactly
@@ -212,7 +212,7 @@ def test_idempotency_arguments_are_checked(store: Store) -> None:
     ],
 )
 def test_postgres_url_parts_are_matched_whole(url: str) -> None:
-    pytest.importorskip("psycopg", reason="the PostgreSQL URL is parsed once its driver loads")
+    require("psycopg", "the postgres extra: the PostgreSQL URL is parsed once its driver loads")
     with pytest.raises(al.InvalidURL):
         al.connect(url)
 

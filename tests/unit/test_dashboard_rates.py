@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("starlette", reason="the dashboard extra is not installed")
-
 from agentlease.dashboard._rates import RateMeter
 
 

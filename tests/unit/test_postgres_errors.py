@@ -6,13 +6,12 @@ these are the messages they send (PostgreSQL 12 to 17, libpq 15+). No server is 
 
 from __future__ import annotations
 
+import psycopg
 import pytest
 
-psycopg = pytest.importorskip("psycopg")
-
-from agentlease.backends._postgres_driver import translate  # noqa: E402
-from agentlease.backends._postgres_url import parse  # noqa: E402
-from agentlease.errors import (  # noqa: E402
+from agentlease.backends._postgres_driver import translate
+from agentlease.backends._postgres_url import parse
+from agentlease.errors import (
     AuthenticationFailed,
     BackendError,
     BackendRefused,
