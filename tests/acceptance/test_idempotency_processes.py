@@ -19,6 +19,7 @@ One seed by default; AGENTLEASE_DEEP=1 repeats each scenario with several.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -79,7 +80,8 @@ class Children:
             proc = subprocess.Popen(
                 [sys.executable, "-m", self.module, *map(str, args)],
                 cwd=ROOT,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                # A child that hangs is dumped (SIGABRT) before the test fails: see finish().
+                env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1"},
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=stderr,
@@ -90,7 +92,7 @@ class Children:
     def stderr(self) -> str:
         return "\n".join(
             f"--- child {i} (pid {p.pid}, rc {p.returncode}):\n"
-            + (self.logs / f"child-{i}.err").read_text(errors="replace")[-3000:]
+            + (self.logs / f"child-{i}.err").read_text(errors="replace")[-6000:]
             for i, p in enumerate(self.procs)
         )
 
@@ -113,6 +115,9 @@ class Children:
         try:
             return proc.wait(timeout=BOUND)
         except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGABRT)  # faulthandler prints every thread's stack
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=5.0)
             pytest.fail(f"child {proc.pid} did not exit\n{self.stderr()}")
 
     def reap(self) -> None:
