@@ -526,7 +526,9 @@ def test_the_worker_command_imports_no_other_command_no_rich_and_no_driver(tmp_p
                     "agentlease.backends.memory", "agentlease.backends._memory",
                     "agentlease.dashboard", "starlette", "uvicorn", "jinja2",
                     "opentelemetry", "agentlease.otel", "prometheus_client",
-                    "agentlease.prometheus")
+                    "agentlease.prometheus", "mcp", "agentlease.mcp", "agents", "openai",
+                    "agentlease.openai_agents", "langgraph", "langchain_core",
+                    "agentlease.langgraph", "pydantic_ai", "pydantic", "agentlease.pydantic_ai")
         print(",".join(sorted(m for m in sys.modules if m.startswith(prefixes))))
         """
     )

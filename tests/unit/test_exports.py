@@ -170,13 +170,15 @@ def test_importing_the_package_loads_only_the_exception_tree() -> None:
 
 def test_importing_the_package_loads_no_optional_extra() -> None:
     """Neither ``import agentlease`` nor its queue load a driver, the dashboard's stack, the cron
-    parser, OpenTelemetry or the Prometheus client."""
+    parser, OpenTelemetry, the Prometheus client, MCP or an agent framework."""
     code = (
         "import sys, agentlease\n"
         "agentlease.Queue, agentlease.AsyncQueue, agentlease.connect\n"
         "extras = ('redis', 'psycopg', 'starlette', 'uvicorn', 'jinja2', 'agentlease.dashboard',"
         " 'cronsim', 'opentelemetry', 'agentlease.otel', 'prometheus_client',"
-        " 'agentlease.prometheus')\n"
+        " 'agentlease.prometheus', 'mcp', 'agentlease.mcp', 'agents', 'openai',"
+        " 'agentlease.openai_agents', 'langgraph', 'langchain_core', 'agentlease.langgraph',"
+        " 'pydantic_ai', 'pydantic', 'agentlease.pydantic_ai')\n"
         "print(','.join(sorted(m for m in sys.modules if m.startswith(extras))))"
     )
     out = subprocess.run(
