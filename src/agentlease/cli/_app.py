@@ -57,6 +57,7 @@ COMMANDS = {
     "explore": "agentlease.cli.harness",
     "inspect": "agentlease.cli.admin",
     "keys": "agentlease.cli.keys",
+    "mcp": "agentlease.cli.mcp",
     "migrate": "agentlease.cli.migrate",
     "purge": "agentlease.cli.purge",
     "queues": "agentlease.cli.admin",
