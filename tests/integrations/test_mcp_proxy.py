@@ -19,7 +19,7 @@ from tests.conftest import require
 require("mcp", "mcp")
 
 import mcp_types as types  # noqa: E402
-from mcp import Client, StdioServerParameters  # noqa: E402
+from mcp import Client, StdioServerParameters, stdio_client  # noqa: E402
 from mcp.shared.exceptions import MCPError  # noqa: E402
 
 from agentlease.mcp._faults import Fault, FaultPlan  # noqa: E402
@@ -44,7 +44,7 @@ async def proxied(url: str, tmp_path: Path, *options: str) -> AsyncIterator[tupl
         cwd=str(WT),
         env=env,
     )
-    async with Client(params, cache=None, read_timeout_seconds=CALL) as client:
+    async with Client(stdio_client(params), cache=None, read_timeout_seconds=CALL) as client:
         yield client, lines
 
 
@@ -168,7 +168,7 @@ async def test_the_tool_list_and_annotations_pass_through(sqlite_url: str, tmp_p
         args=["-m", "tests.integrations._mcp_side_effect_server", str(tmp_path / "direct.txt")],
         cwd=str(WT),
     )
-    async with Client(direct, cache=None, read_timeout_seconds=CALL) as wrapped:
+    async with Client(stdio_client(direct), cache=None, read_timeout_seconds=CALL) as wrapped:
         expected = {t.name: t for t in (await wrapped.list_tools()).tools}
     async with proxied(sqlite_url, tmp_path) as (client, _):
         listed = {t.name: t for t in (await client.list_tools()).tools}

@@ -474,7 +474,7 @@ async def run(
         cwd: the wrapped server's working directory (default: this one).
         ready: awaited with the proxy once the wrapped server is connected.
     """
-    from mcp import Client, StdioServerParameters
+    from mcp import Client, StdioServerParameters, stdio_client
     from mcp.server.lowlevel import Server
     from mcp.server.stdio import stdio_server
 
@@ -487,7 +487,8 @@ async def run(
     keys = AsyncIdempotency.connect(url, settings=settings.idempotency)
     state = AsyncSharedState.connect(url) if settings.breaker_failures else None
     try:
-        async with Client(params, cache=None) as upstream:
+        # A transport, not the parameters, for mcp 2.0 (whose Client takes no parameters).
+        async with Client(stdio_client(params), cache=None) as upstream:
             proxy = ToolProxy(upstream, keys, settings=settings, state=state, faults=faults)
             if ready is not None:
                 await ready(proxy)
