@@ -41,7 +41,7 @@ async def stdio_client(url: str, *extra: str) -> AsyncIterator[Any]:
     params = stdio.StdioServerParameters(
         command=SERVE[0], args=[*SERVE[1:], "--backend", url, *extra], env=_env()
     )
-    async with mcp_client.Client(params) as client:
+    async with mcp_client.Client(stdio.stdio_client(params)) as client:
         yield client
 
 

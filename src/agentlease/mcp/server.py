@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hmac
+import inspect
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from typing import TYPE_CHECKING, Any
@@ -236,7 +237,10 @@ def http_app(
     host only; the command refuses it elsewhere). A session with no request in flight and no
     open stream for ``idle_timeout`` seconds (give the lease cap) ends, and gives back what it
     holds."""
-    app = server.streamable_http_app(host=host, session_idle_timeout=idle_timeout)
+    options: dict[str, Any] = {}
+    if "session_idle_timeout" in inspect.signature(server.streamable_http_app).parameters:
+        options["session_idle_timeout"] = idle_timeout  # mcp 2.0 has none: DELETE or the caps
+    app = server.streamable_http_app(host=host, **options)
     if token is None:
         return app
     expected = f"Bearer {token}".encode()
