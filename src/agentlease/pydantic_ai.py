@@ -37,8 +37,9 @@ within one identity would replay (with other arguments it raises
 :class:`~agentlease.errors.IdempotencyConflict`).
 
 **Outcomes.** The tool's result is stored as JSON (a :class:`pydantic_ai.messages.ToolReturn`
-with its content and metadata, multimodal content in base64) and a replay gives the model the
-same tool result, rebuilt from that JSON, not the original Python object. A tool that raises
+with its content and metadata, multimodal content in base64), and the model is given the tool
+result rebuilt from that JSON, at the first execution as at every replay, so it reads the same
+result either way (other capabilities' wrappers see the rebuilt value, not the original object). A tool that raises
 ``ToolFailed`` (a terminal failure the model should see) has that failure stored and replayed.
 ``ModelRetry``, a deferral (``CallDeferred``, ``ApprovalRequired``), a skipped execution and an
 agentlease refusal release the key: the tool did not act, and the next execution of the call
