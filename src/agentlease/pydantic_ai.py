@@ -39,8 +39,9 @@ within one identity would replay (with other arguments it raises
 **Outcomes.** The tool's result is stored as JSON (a :class:`pydantic_ai.messages.ToolReturn`
 with its content and metadata, multimodal content in base64), and the model is given the tool
 result rebuilt from that JSON, at the first execution as at every replay, so it reads the same
-result either way (other capabilities' wrappers see the rebuilt value, not the original object). A tool that raises
-``ToolFailed`` (a terminal failure the model should see) has that failure stored and replayed.
+result either way (other capabilities' wrappers see the rebuilt value, not the original object).
+A tool that raises ``ToolFailed`` (a terminal failure the model should see) has that failure
+stored and replayed.
 ``ModelRetry``, a deferral (``CallDeferred``, ``ApprovalRequired``), a skipped execution and an
 agentlease refusal release the key: the tool did not act, and the next execution of the call
 runs it. Any other error is ambiguous (the side effect may have happened): the reservation stays
