@@ -52,6 +52,7 @@ def test_site_builds_strictly(tmp_path: Path) -> None:
         "stores/memory/index.html",
         "operations/index.html",
         "guarantees/index.html",
+        "integrations/index.html",
         "dashboard.png",
     ]
     for page in pages:
@@ -70,6 +71,15 @@ def test_site_builds_strictly(tmp_path: Path) -> None:
         for name in names:
             module = "agentlease.errors" if page == "errors" else "agentlease"
             assert f'id="{module}.{name}"' in html, (page, name)
+    integrations = (site / "reference" / "integrations" / "index.html").read_text()
+    for name in (
+        "mcp.server.build_server",
+        "mcp.proxy.ToolProxy",
+        "openai_agents.GuardedModel",
+        "langgraph.idempotent_node",
+        "pydantic_ai.IdempotentTools",
+    ):
+        assert f'id="agentlease.{name}"' in integrations, name
     harness = (site / "reference" / "harness" / "index.html").read_text()
     assert 'id="agentlease.harness.Scenario"' in harness
     # Sphinx roles in the docstrings are shown as code, not as raw roles.
