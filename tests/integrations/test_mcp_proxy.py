@@ -172,14 +172,16 @@ async def test_the_tool_list_and_annotations_pass_through(sqlite_url: str, tmp_p
         expected = {t.name: t for t in (await wrapped.list_tools()).tools}
     async with proxied(sqlite_url, tmp_path) as (client, _):
         listed = {t.name: t for t in (await client.list_tools()).tools}
-    assert listed.keys() == expected.keys() == {"record", "refuse", "count"}
+    assert (
+        listed.keys() == expected.keys() == {"record", "refuse", "count", "pid", "crash", "gated"}
+    )
     for name, tool in expected.items():
         got = listed[name]
         assert got.annotations == tool.annotations
         assert got.description == tool.description
         assert got.output_schema == tool.output_schema
         props = dict(got.input_schema["properties"])
-        if name == "count":  # read-only: offered as it is
+        if name in ("count", "pid"):  # read-only: offered as it is
             assert got.input_schema == tool.input_schema
         else:
             assert props.pop("idempotency_key")["type"] == "string"

@@ -9,6 +9,7 @@ is the MCP transport.
 from __future__ import annotations
 
 import asyncio
+import signal
 
 import click
 
@@ -44,6 +45,15 @@ EXTRA_ADVICE = "the MCP proxy needs its extra: pip install 'agentlease[mcp]'"
     show_default=True,
     help="Seconds a forwarded call may take (past it the outcome is unknown and the key stays "
     "in flight until its lease runs out).",
+)
+@click.option(
+    "--hold-for",
+    type=click.FloatRange(0, 86_400, min_open=True),
+    default=30.0,
+    show_default=True,
+    help="Seconds of a call's in-flight lease, renewed while the call runs: a proxy that stops "
+    "(crashed, paused) loses its calls' keys this long after its last renewal, and a retry "
+    "may then act.",
 )
 @click.option(
     "--release-errors",
@@ -90,6 +100,7 @@ def proxy(
     window: float,
     namespace: str,
     call_timeout: float,
+    hold_for: float,
     release_errors: bool,
     breaker_failures: int,
     breaker_reset: float,
@@ -111,6 +122,7 @@ def proxy(
         import mcp  # noqa: F401
         import mcp_types  # noqa: F401
 
+        from agentlease._settings import IdempotencySettings
         from agentlease.mcp.proxy import Fault, FaultPlan, ProxySettings, run
     except ImportError:
         fail(EXTRA_ADVICE)
@@ -121,6 +133,11 @@ def proxy(
         release_errors=release_errors,
         breaker_failures=breaker_failures,
         breaker_reset=breaker_reset,
+        idempotency=IdempotencySettings(hold_for=hold_for),
     )
     plan = FaultPlan(faults=[Fault.parse(f) for f in faults], seed=seed, delay=delay)
+    # SIGINT ends the proxy at once, as SIGTERM and SIGKILL do: a graceful stop would wait for
+    # the thread that reads stdin, that is, for the client. Its wrapped server then sees its
+    # stdin close and exits; a call under way is ambiguous, its key left in flight.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     asyncio.run(run(list(command), url, settings=settings, faults=plan))

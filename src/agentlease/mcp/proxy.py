@@ -35,6 +35,17 @@ Refusals (``DuplicateInFlight``, ``IdempotencyConflict``, ``CircuitOpen``, an un
 a malformed key) are tool errors whose text is the JSON body of
 :func:`agentlease._error_body.error_body`, never a stack trace.
 
+**Edges.** An unreachable store fails closed: a non-read-only call is refused
+(``BackendUnavailable``) and the wrapped tool is not called, since without its key the proxy
+cannot promise once; read-only tools pass through. A hung store is given up after the store's
+own timeouts (the Redis URL's ``socket_timeout``). A wrapped server that goes away mid-call
+makes that call ambiguous (a ``ServerExited`` tool error, the key left in flight); the proxy
+does not restart it (the client restarts the proxy), and refuses every later call at once
+without reserving a key (:attr:`ToolProxy.lost`). A proxy paused past its in-flight lease
+(``ProxySettings.idempotency.hold_for``) loses its keys: another holder may take one over and
+act, and the paused proxy's late completion is refused (``ReservationLost``), never stored over
+the taker's outcome.
+
 **Circuit breakers.** With ``breaker_failures`` set, each tool has an
 :class:`~agentlease.AsyncCircuitBreaker` in the store (``<namespace>:<tool>``): after that many
 consecutive failed forwarded calls (tool errors, JSON-RPC errors, timeouts) the tool is refused
@@ -249,6 +260,8 @@ class ToolProxy:
         self._breakers: dict[str, AsyncCircuitBreaker] = {}
         self._calls = 0
         self._reorder = _Reorder()
+        self.lost: str | None = None
+        """Why the wrapped server can serve no more calls (it went away), once it has."""
 
     # -- tools/list --------------------------------------------------------------------------
 
@@ -342,14 +355,23 @@ class ToolProxy:
         Raises:
             MCPError: the wrapped server's JSON-RPC error, passed on.
         """
+        from mcp.shared.exceptions import MCPError
+        from mcp_types import CONNECTION_CLOSED
+
         try:
             return await self._handle(name, dict(arguments or {}), meta or {})
         except AgentLeaseError as exc:
             return refusal(exc)
+        except MCPError as exc:
+            if exc.code != CONNECTION_CLOSED or self.lost is None:
+                raise
+            return _gone(self.lost)
 
     async def _handle(
         self, name: str, args: dict[str, Any], meta: Mapping[str, Any]
     ) -> types.CallToolResult:
+        if self.lost is not None:  # nothing can act: refuse before reserving a key
+            return _gone(self.lost)
         tool = await self._tool(name)
         declared = tool is not None and KEY_ARGUMENT in (tool.input_schema.get("properties") or {})
         key = args.get(KEY_ARGUMENT) if declared else args.pop(KEY_ARGUMENT, None)
@@ -410,6 +432,13 @@ class ToolProxy:
                 name, args, read_timeout_seconds=self.settings.call_timeout
             )
         except MCPError as exc:
+            if exc.code == CONNECTION_CLOSED and self.lost is None:
+                self.lost = (
+                    f"the wrapped server went away during a call of {name!r}: that call's outcome"
+                    " is unknown (its key stays in flight until its lease runs out) and no"
+                    " further call can be served; restart the proxy"
+                )
+                logger.error("%s", self.lost)
             if breaker is not None:
                 await breaker.failure(exc)
             if exc.code in (REQUEST_TIMEOUT, CONNECTION_CLOSED) or not idempotent:
@@ -448,6 +477,14 @@ class ToolProxy:
             )
             self._breakers[tool] = breaker
         return breaker
+
+
+def _gone(why: str) -> types.CallToolResult:
+    """The tool error of a call that the wrapped server, gone, cannot answer."""
+    import mcp_types as types
+
+    text = _text({"error": "ServerExited", "message": why})
+    return types.CallToolResult(content=[types.TextContent(type="text", text=text)], is_error=True)
 
 
 def _read_only(tool: types.Tool) -> bool:
