@@ -152,13 +152,13 @@ class LockHolder:
 
     async def acquired(self) -> AsyncLockSet:
         """The held set, once acquired; raises what acquiring raised (LockTimeout, ...). If
-        the wait is cancelled (its bound, the session's end), the acquisition is given up: an
-        acquisition the store may still grant is released by its TTL (``hold``)."""
+        the wait is cancelled (its bound, the session's end), the set is given up: released if
+        it was acquired; an acquisition the store may still grant lapses with its TTL
+        (``hold``)."""
         try:
             return await asyncio.shield(self._acquired)
-        except BaseException:
-            if not self._acquired.done():
-                self._task.cancel()
+        except asyncio.CancelledError:
+            self._task.cancel()
             raise
 
     def forget(self) -> None:
