@@ -96,7 +96,7 @@ def serve(
     try:
         import anyio
 
-        from agentlease.mcp.server import build_server, http_app, serve_stdio
+        from agentlease.mcp.server import SHUTDOWN_GRACE, build_server, http_app, serve_stdio
     except ImportError:
         fail(EXTRA_ADVICE)
     server = build_server(url, lease_for=lease_for, lease_cap=lease_cap, lock_cap=lock_cap)
@@ -108,4 +108,11 @@ def serve(
     app = http_app(server, token=token, host=host, idle_timeout=lease_cap)
     mode = "bearer token required" if token else "NO TOKEN (loopback only)"
     click.echo(f"agentlease MCP server on http://{host}:{port}/mcp ({mode})", err=True)
-    uvicorn.run(app, host=host, port=port, log_level="warning", server_header=False)
+    uvicorn.run(
+        app,
+        host=host,
+        port=port,
+        log_level="warning",
+        server_header=False,
+        timeout_graceful_shutdown=round(SHUTDOWN_GRACE),  # SIGTERM: bounded, then sessions end
+    )

@@ -12,6 +12,15 @@ its lock sets released and its reservations abandoned.
 
 A lock set is held by a task of its own, from acquisition to release, because a lock set's
 guard (no lock held across a model call) lives in the context of the code that holds it.
+
+**Every store call has a bound.** A tool call, a renewal and each give-back waits for the store
+at most ``call_timeout`` (a third of ``lease_for``, the worker's bound too), beyond what the call
+waits for by design (a lock set's ``timeout``); past it, it is refused with
+:class:`~agentlease.errors.BackendUnavailable`, so a hung store never hangs an agent. What such
+a call did may still land once the store answers again (a claim nobody was told about): it is
+bounded like everything else, by its lease or TTL. A give-back the store refuses or does not
+answer (the store is down as the session ends) is logged at warning level with its typed error;
+the lease then expires by itself, at most ``lease_for`` later.
 """
 
 from __future__ import annotations
@@ -21,6 +30,7 @@ import base64
 import contextlib
 import logging
 import uuid
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 
 import orjson
@@ -30,11 +40,38 @@ from agentlease._async.queue import AsyncQueue
 from agentlease._async.state import AsyncLockSet, AsyncSharedState
 from agentlease._clock import monotonic
 from agentlease._records import Job, Lease
-from agentlease.errors import AgentLeaseError, InvalidInput, NotFound
+from agentlease.errors import (
+    AgentLeaseError,
+    BackendUnavailable,
+    InvalidInput,
+    LeaseLost,
+    NotFound,
+)
 
-__all__ = ["ActionFailed", "Holdings", "LockHolder", "Runtime", "SessionRequired"]
+__all__ = ["ActionFailed", "Holdings", "LockHolder", "Runtime", "SessionRequired", "bounded"]
 
 logger = logging.getLogger("agentlease.mcp")
+
+
+@contextlib.asynccontextmanager
+async def bounded(seconds: float, what: str) -> AsyncIterator[None]:
+    """Wait at most ``seconds`` for the body; past it, cancel it and raise BackendUnavailable
+    (a TimeoutError raised by the body itself passes unchanged)."""
+    deadline = asyncio.timeout(seconds)
+    try:
+        async with deadline:
+            yield
+    except TimeoutError:
+        if not deadline.expired():
+            raise
+        raise BackendUnavailable(
+            f"no answer from the store within {seconds:g} s ({what}): it may be hung or overloaded"
+        ) from None
+
+
+def _problem(exc: BaseException) -> str:
+    """A logged failure as its type and message (typed: an agentlease error, or a bug)."""
+    return f"{type(exc).__name__}: {exc}"
 
 
 class SessionRequired(InvalidInput):
@@ -106,13 +143,30 @@ class LockHolder:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._done.wait(), self.hold)
         except BaseException as exc:
-            if not self._acquired.done():
-                self._acquired.set_exception(exc)
+            if not self._acquired.done():  # acquiring failed: acquired() raises it, and only it
+                if isinstance(exc, Exception):
+                    self._acquired.set_exception(exc)
+                    return
+                self._acquired.cancel()
             raise
 
     async def acquired(self) -> AsyncLockSet:
-        """The held set, once acquired; raises what acquiring raised (LockTimeout, ...)."""
-        return await asyncio.shield(self._acquired)
+        """The held set, once acquired; raises what acquiring raised (LockTimeout, ...). If
+        the wait is cancelled (its bound, the session's end), the set is given up: released if
+        it was acquired; an acquisition the store may still grant lapses with its TTL
+        (``hold``)."""
+        try:
+            return await asyncio.shield(self._acquired)
+        except asyncio.CancelledError:
+            self._task.cancel()
+            raise
+
+    def forget(self) -> None:
+        """The set ended by itself (its cap): log how, if it ended with an error."""
+        if self._task.done() and not self._task.cancelled():
+            exc = self._task.exception()
+            if exc is not None:
+                logger.warning("lock set %s ended with %s", self.names, _problem(exc))
 
     @property
     def ended(self) -> bool:
@@ -152,23 +206,56 @@ class Holdings:
         return given if held is None else held.lease
 
     async def close(self) -> None:
-        """The session ended: release its leases and lock sets, abandon its reservations."""
+        """The session ended: release its leases and lock sets, abandon its reservations.
+
+        Each give-back is bounded by the runtime's ``call_timeout``; one that fails is logged
+        (warning, with its typed error) and left to its lease, TTL or cap."""
         if self.closed:
             return
         self.closed = True
         self.runtime.sessions.discard(self)
+        rt = self.runtime
         leases, self.leases = list(self.leases.values()), {}
         for claimed in leases:
-            with contextlib.suppress(AgentLeaseError):
-                await self.runtime.queue.release(claimed.lease, front=True)
+            lease = claimed.lease
+            try:
+                async with bounded(rt.call_timeout, "giving a task back"):
+                    await rt.queue.release(lease, front=True)
+            except LeaseLost:
+                pass  # not ours any more: nothing to give back
+            except Exception as exc:
+                logger.warning(
+                    "could not give task %s (attempt %d) back as its session ended: %s; "
+                    "its lease expires within %g s",
+                    lease.task_id,
+                    lease.attempt,
+                    _problem(exc),
+                    rt.lease_for,
+                )
         holders, self.locks = list(self.locks.values()), {}
         for holder in holders:
-            with contextlib.suppress(Exception):
-                await holder.release()
+            try:
+                async with bounded(rt.call_timeout, "releasing a lock set"):
+                    await holder.release()
+            except Exception as exc:
+                logger.warning(
+                    "could not release lock set %s as its session ended: %s; it is freed "
+                    "within %g s",
+                    holder.names,
+                    _problem(exc),
+                    holder.hold,
+                )
         actions, self.actions = list(self.actions.values()), {}
         for held in actions:
-            with contextlib.suppress(AgentLeaseError):
-                await held.action.abandon()
+            try:
+                async with bounded(rt.call_timeout, "abandoning a reservation"):
+                    await held.action.abandon()
+            except Exception as exc:
+                logger.warning(
+                    "could not abandon reservation %s as its session ended: %s",
+                    held.action.key,
+                    _problem(exc),
+                )
 
 
 @dataclass(eq=False)
@@ -182,21 +269,44 @@ class Runtime:
     lease_cap: float
     lock_cap: float
     sessions: set[Holdings] = field(default_factory=set)
+    calls: int = 0
+    _idle: asyncio.Event = field(default_factory=asyncio.Event, init=False, repr=False)
+
+    @property
+    def call_timeout(self) -> float:
+        """The longest a tool call, a renewal or a give-back waits for the store."""
+        return self.lease_for / 3
 
     def open_session(self) -> Holdings:
         holdings = Holdings(self)
         self.sessions.add(holdings)
         return holdings
 
+    @contextlib.contextmanager
+    def calling(self) -> Iterator[None]:
+        """Count a tool call in flight (:meth:`shutdown` waits for them)."""
+        self.calls += 1
+        self._idle.clear()
+        try:
+            yield
+        finally:
+            self.calls -= 1
+            if not self.calls:
+                self._idle.set()
+
     async def renew_forever(self) -> None:
         """Every third of ``lease_for``: extend every session's leases in one round trip,
-        forget those the store no longer grants, and abandon reservations past the cap."""
+        forget those the store no longer grants, and abandon reservations past the cap. A
+        failed round (an outage, a hung store) is logged and the next tick tries again."""
         while True:
             await asyncio.sleep(self.lease_for / 3)
             try:
-                await self.renew_once()
-            except AgentLeaseError as exc:  # an outage: the next tick tries again
-                logger.warning("renewing leases failed: %s", exc)
+                async with bounded(self.call_timeout, "a renewal"):
+                    await self.renew_once()
+            except AgentLeaseError as exc:
+                logger.warning("renewing leases failed: %s", _problem(exc))
+            except Exception:  # a bug must not end the renewals of every session
+                logger.exception("renewing leases failed")
 
     async def renew_once(self) -> None:
         held = [(s, key, c) for s in list(self.sessions) for key, c in list(s.leases.items())]
@@ -216,10 +326,21 @@ class Runtime:
             for lock_id, holder in list(session.locks.items()):
                 if holder.ended:
                     session.locks.pop(lock_id, None)
+                    holder.forget()
 
     async def close(self) -> None:
+        """End every session (what they hold is given back)."""
         for session in list(self.sessions):
             await session.close()
+
+    async def shutdown(self, grace: float) -> None:
+        """The server is stopping: end every session, then wait for the tool calls in flight
+        (a claim that lands now gives its task back itself); at most ``grace`` seconds."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(grace):
+                await self.close()
+                if self.calls:
+                    await self._idle.wait()
 
 
 def not_held(what: str, ident: str) -> NotFound:

@@ -6,6 +6,10 @@ A handler takes the server's :class:`~agentlease.mcp._sessions.Runtime`, the cal
 given, checks every argument itself (an agent's arguments are never trusted to match the
 schema) and returns a JSON object. A refusal is raised as the agentlease error it is; the server
 turns it into a tool error whose content is :func:`agentlease._error_body.error_body`.
+
+A call waits for the store at most the runtime's ``call_timeout`` plus what the tool waits for
+by design (``waits``: a lock set's ``timeout``), else it is refused with
+:class:`~agentlease.errors.BackendUnavailable`: a hung store never hangs the agent.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from ._sessions import (
     LockHolder,
     Runtime,
     SessionRequired,
+    bounded,
     decode_lease,
     encode_lease,
     not_held,
@@ -50,6 +55,8 @@ class Tool:
     read_only: bool = False
     destructive: bool = False
     idempotent: bool = False
+    waits: float = 0.0
+    """The longest the call waits by design (beyond the store's round trips)."""
 
     @property
     def input_schema(self) -> dict[str, Any]:
@@ -278,7 +285,8 @@ async def _locks_acquire(rt: Runtime, session: Holdings | None, args: Args) -> d
         raise InvalidInput(f"hold must be more than 0 and at most {rt.lock_cap} seconds")
     holdings = _session(session, "locks_acquire")
     holder = LockHolder(rt.state, names, timeout, hold)
-    held = await holder.acquired()
+    async with bounded(timeout + rt.call_timeout, "acquiring the lock set"):
+        held = await holder.acquired()
     if holdings.closed:
         await holder.release()
         raise SessionRequired("the session has ended")
@@ -486,6 +494,7 @@ TOOLS: tuple[Tool, ...] = (
         },
         ("names", "timeout"),
         _locks_acquire,
+        waits=60.0,
     ),
     Tool(
         "locks_release",
@@ -562,4 +571,5 @@ TOOLS: tuple[Tool, ...] = (
 async def call(tool: Tool, rt: Runtime, session: Holdings | None, args: Args) -> dict[str, JSON]:
     """Run ``tool`` with ``args`` (unknown arguments are refused before anything is done)."""
     _check_unknown(tool, args)
-    return await tool.handler(rt, session, args)
+    async with bounded(rt.call_timeout + tool.waits, f"the {tool.name} call"):
+        return await tool.handler(rt, session, args)

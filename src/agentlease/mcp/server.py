@@ -19,8 +19,18 @@ bounded by the caps. The stateless 2026 protocol era has no session: the server 
 three tools that take something on a session's behalf refuse a request without one.
 
 **Refusals are data.** Every refusal (a lost lease, a conflict, a bad argument, an unknown
-queue, a payload that is too large) is a tool error (``isError``) whose text and structured
-content are the JSON of :func:`agentlease._error_body.error_body`; never a stack trace.
+queue, a payload that is too large, a store that is down or does not answer) is a tool error
+(``isError``) whose text and structured content are the JSON of
+:func:`agentlease._error_body.error_body`; never a stack trace. A call waits for the store at
+most a third of ``lease_for`` (plus a lock set's own ``timeout``): a hung store is refused with
+``BackendUnavailable``, it never hangs the agent.
+
+**Stopping gives back too.** On SIGTERM or SIGINT the server ends its sessions (what they hold
+is given back, within :data:`SHUTDOWN_GRACE` seconds) and then exits; a second signal ends it at
+once. On stdio :func:`serve_stdio` does this and the process then ends by the signal it got; on
+HTTP uvicorn stops serving and the lifespan's end gives back what is left. SIGKILL, or a store
+that is down at that moment, leaves the leases to expire (at most ``lease_for`` later) and locks
+to their TTL, as after any crash.
 """
 
 from __future__ import annotations
@@ -30,6 +40,8 @@ import dataclasses
 import hmac
 import inspect
 import logging
+import os
+import signal
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from typing import TYPE_CHECKING, Any
 
@@ -55,7 +67,14 @@ from ._tools import TOOLS, call
 if TYPE_CHECKING:
     from mcp.server.context import ServerRequestContext
 
-__all__ = ["DEFAULT_LEASE_CAP", "DEFAULT_LOCK_CAP", "build_server", "http_app", "serve_stdio"]
+__all__ = [
+    "DEFAULT_LEASE_CAP",
+    "DEFAULT_LOCK_CAP",
+    "SHUTDOWN_GRACE",
+    "build_server",
+    "http_app",
+    "serve_stdio",
+]
 
 logger = logging.getLogger("agentlease.mcp")
 
@@ -65,6 +84,8 @@ DEFAULT_LEASE_CAP = 300.0
 """The longest a session may hold a task (and an idempotency reservation), renewals included."""
 DEFAULT_LOCK_CAP = 30.0
 """The longest a session may hold a lock set."""
+SHUTDOWN_GRACE = 5.0
+"""The longest a stopping server spends giving back what its sessions hold."""
 
 _STATE_KEY = "agentlease.holdings"
 _BY_NAME = {tool.name: tool for tool in TOOLS}
@@ -128,13 +149,15 @@ async def _call_tool(
     ctx: ServerRequestContext[Runtime, Any], params: types.CallToolRequestParams
 ) -> types.CallToolResult:
     tool = _BY_NAME.get(params.name)
+    runtime: Runtime = ctx.lifespan_context
     try:
         if tool is None:
             raise InvalidInput(f"no tool {params.name!r}: see tools/list")
         args = params.arguments or {}
         if not isinstance(args, dict):
             raise InvalidInput("arguments must be a JSON object")
-        result = await call(tool, ctx.lifespan_context, _holdings(ctx), args)
+        with runtime.calling():
+            result = await call(tool, runtime, _holdings(ctx), args)
     except AgentLeaseError as exc:
         return _refusal(exc)
     except Exception as exc:  # a bug or a driver's surprise: logged here, not shown in full
@@ -184,7 +207,7 @@ def build_server(
             state = await stack.enter_async_context(AsyncSharedState.connect(url))
             keys = await stack.enter_async_context(AsyncIdempotency.connect(url))
             runtime = Runtime(queue, state, keys, lease_for, lease_cap, lock_cap)
-            stack.push_async_callback(runtime.close)
+            stack.push_async_callback(runtime.shutdown, SHUTDOWN_GRACE)
             import anyio
 
             async with anyio.create_task_group() as tasks:
@@ -212,17 +235,44 @@ def build_server(
 
 async def serve_stdio(server: Server[Runtime]) -> None:
     """Serve one session on standard input and output, until standard input closes (then
-    everything the session holds is given back)."""
+    everything the session holds is given back) or, on POSIX, SIGTERM or SIGINT arrives: then
+    everything is given back (within :data:`SHUTDOWN_GRACE` seconds) and the process ends by
+    that signal, as it would have without a handler; a second signal ends it at once. Call it
+    in the main thread (where signal handlers go)."""
+    import anyio
     from mcp.server.stdio import stdio_server
 
-    async with server.lifespan(server) as runtime, stdio_server() as (read, write):
-        await serve_loop(
-            server,
-            read,
-            write,
-            lifespan_state=runtime,
-            init_options=server.create_initialization_options(),
-        )
+    async with server.lifespan(server) as runtime, anyio.create_task_group() as tasks:
+        if os.name == "posix":
+            tasks.start_soon(_stop_on_signal, runtime)
+        async with stdio_server() as (read, write):
+            await serve_loop(
+                server,
+                read,
+                write,
+                lifespan_state=runtime,
+                init_options=server.create_initialization_options(),
+            )
+        tasks.cancel_scope.cancel()
+
+
+async def _stop_on_signal(runtime: Runtime) -> None:
+    """On SIGTERM or SIGINT: give back what the session holds, then end the process by that
+    signal. Ending it is the only way out: the SDK reads standard input in a thread that
+    nothing can interrupt, so the loop cannot wind down while the host keeps the pipe open."""
+    import anyio
+
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for received in signals:
+            signum = received
+            break
+        else:  # pragma: no cover - the receiver never ends by itself
+            return
+    for each in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(each, signal.SIG_DFL)  # a second signal ends the process at once
+    logger.warning("%s: giving back what the session holds, then stopping", signum.name)
+    await runtime.shutdown(SHUTDOWN_GRACE)
+    os.kill(os.getpid(), signum)
 
 
 def http_app(
