@@ -105,12 +105,17 @@ class IdempotentFunction(Generic[P, R]):
         self._store = store
         self._bound = bound
 
+    def _identity(self) -> dict[str, Any]:
+        """The task and step of this call where they do not come from the decorator's options
+        and the scope (an adapter's function names them from its framework's run)."""
+        return {}
+
     def outcome(self, *args: P.args, **kwargs: P.kwargs) -> Outcome[R]:
         """Call, and say whether the result was a replay."""
         return self._store.call(
             functools.partial(self._fn, *args, **kwargs),
             args=self._bound.args(args, kwargs),
-            **self._bound.options,
+            **{**self._bound.options, **self._identity()},
         )
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
@@ -128,6 +133,10 @@ class AsyncIdempotentFunction(Generic[P, R]):
         self._store = store
         self._bound = bound
 
+    def _identity(self) -> dict[str, Any]:
+        """As :meth:`IdempotentFunction._identity`."""
+        return {}
+
     async def outcome(self, *args: P.args, **kwargs: P.kwargs) -> Outcome[R]:
         """Call, and say whether the result was a replay."""
 
@@ -135,7 +144,7 @@ class AsyncIdempotentFunction(Generic[P, R]):
             return await self._fn(*args, **kwargs)
 
         return await self._store.call(
-            run, args=self._bound.args(args, kwargs), **self._bound.options
+            run, args=self._bound.args(args, kwargs), **{**self._bound.options, **self._identity()}
         )
 
     async def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
@@ -143,6 +152,10 @@ class AsyncIdempotentFunction(Generic[P, R]):
 
 
 class _Decorator:
+    # What it wraps functions in (an adapter's decorator names its own subclasses).
+    sync_type: type[IdempotentFunction[Any, Any]] = IdempotentFunction
+    async_type: type[AsyncIdempotentFunction[Any, Any]] = AsyncIdempotentFunction
+
     def __init__(
         self,
         store: Idempotency | AsyncIdempotency,
@@ -171,10 +184,10 @@ class _Decorator:
                 raise InvalidInput(
                     f"async function {fn.__qualname__} needs an AsyncIdempotency store"
                 )
-            return AsyncIdempotentFunction(fn, self._store, bound)
+            return self.async_type(fn, self._store, bound)
         if not isinstance(self._store, Idempotency):
             raise InvalidInput(f"function {fn.__qualname__} needs an Idempotency store (sync)")
-        return IdempotentFunction(fn, self._store, bound)
+        return self.sync_type(fn, self._store, bound)
 
 
 def idempotent(

@@ -49,12 +49,12 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Awaitable, Callable, Collection, Sequence
-from typing import Any, ClassVar, Generic, ParamSpec, TypeVar, cast, overload
+from typing import Any, ClassVar, ParamSpec, TypeVar, cast, overload
 
+from agentlease import _idempotent
 from agentlease._async.idempotency import AsyncIdempotency
 from agentlease._codec import JSON
-from agentlease._idempotent import _Bound
-from agentlease._outcomes import ErrorTypes, Outcome, error_types
+from agentlease._outcomes import ErrorTypes, error_types
 from agentlease._reconcile import Fact, LatestByVersion, MustAgree, Policy, Union
 from agentlease._sync.idempotency import Idempotency
 from agentlease.errors import InvalidInput, MissingDriver, MissingIdentity
@@ -130,91 +130,27 @@ def step_identity() -> tuple[str, str]:
 # -- functions called inside a node ---------------------------------------------------------------
 
 
-class IdempotentFunction(Generic[P, R]):
+class IdempotentFunction(_idempotent.IdempotentFunction[P, R]):
     """A sync function that runs at most once per (thread, step, arguments); call it as the
     function itself, inside a node."""
 
-    def __init__(self, fn: Callable[P, R], store: Idempotency, bound: _Bound) -> None:
-        functools.update_wrapper(self, fn)
-        self._fn = fn
-        self._store = store
-        self._bound = bound
-
-    def outcome(self, *args: P.args, **kwargs: P.kwargs) -> Outcome[R]:
-        """Call, and say whether the result was a replay."""
+    def _identity(self) -> dict[str, Any]:
         thread, step = step_identity()
-        options = {**self._bound.options, "step": step}
-        return self._store.call(
-            functools.partial(self._fn, *args, **kwargs),
-            args=self._bound.args(args, kwargs),
-            task_id=thread,
-            **options,
-        )
-
-    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
-        return self.outcome(*args, **kwargs).value
+        return {"task_id": thread, "step": step}
 
 
-class AsyncIdempotentFunction(Generic[P, R]):
+class AsyncIdempotentFunction(_idempotent.AsyncIdempotentFunction[P, R]):
     """An async function that runs at most once per (thread, step, arguments); await it as the
     function itself, inside a node."""
 
-    def __init__(
-        self, fn: Callable[P, Awaitable[R]], store: AsyncIdempotency, bound: _Bound
-    ) -> None:
-        functools.update_wrapper(self, fn)
-        self._fn = fn
-        self._store = store
-        self._bound = bound
-
-    async def outcome(self, *args: P.args, **kwargs: P.kwargs) -> Outcome[R]:
-        """Call, and say whether the result was a replay."""
+    def _identity(self) -> dict[str, Any]:
         thread, step = step_identity()
-        options = {**self._bound.options, "step": step}
-
-        async def run() -> R:
-            return await self._fn(*args, **kwargs)
-
-        return await self._store.call(
-            run, args=self._bound.args(args, kwargs), task_id=thread, **options
-        )
-
-    async def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
-        return (await self.outcome(*args, **kwargs)).value
+        return {"task_id": thread, "step": step}
 
 
-class _Decorator:
-    def __init__(
-        self,
-        store: Idempotency | AsyncIdempotency,
-        tool: str,
-        exclude: Collection[str],
-        wait: float | None,
-        fail_on: ErrorTypes,
-        release_on: ErrorTypes,
-    ) -> None:
-        self._store = store
-        self._spec = (tool, None, exclude, wait, fail_on, release_on)
-
-    @overload
-    def __call__(  # type: ignore[overload-overlap]
-        self, fn: Callable[P, Awaitable[R]]
-    ) -> AsyncIdempotentFunction[P, R]: ...
-    @overload
-    def __call__(self, fn: Callable[P, R]) -> IdempotentFunction[P, R]: ...
-    def __call__(
-        self, fn: Callable[P, Any]
-    ) -> AsyncIdempotentFunction[P, Any] | IdempotentFunction[P, Any]:
-        bound = _Bound(fn, *self._spec)
-        if inspect.iscoroutinefunction(fn):
-            if not isinstance(self._store, AsyncIdempotency):
-                raise InvalidInput(
-                    f"async function {fn.__qualname__} needs an AsyncIdempotency store"
-                )
-            return AsyncIdempotentFunction(fn, self._store, bound)
-        if not isinstance(self._store, Idempotency):
-            raise InvalidInput(f"function {fn.__qualname__} needs an Idempotency store (sync)")
-        return IdempotentFunction(fn, self._store, bound)
+class _Decorator(_idempotent._Decorator):
+    sync_type = IdempotentFunction
+    async_type = AsyncIdempotentFunction
 
 
 def idempotent(
@@ -246,7 +182,7 @@ def idempotent(
         InvalidInput: the store's face does not match the function, or a bad option.
         MissingIdentity: (at the call) outside a node, or a graph without a thread.
     """
-    return _Decorator(store, tool, exclude, wait, fail_on, release_on)
+    return _Decorator(store, tool, None, exclude, wait, fail_on, release_on)
 
 
 # -- whole nodes -----------------------------------------------------------------------------------
