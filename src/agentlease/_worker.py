@@ -890,13 +890,7 @@ class AsyncWorker:
         with :meth:`_flush`'s retries, and the claim error is raised."""
         sending = self._take_done()
         if not sending:
-            try:
-                # Bounded like every other call of the loop: a hung store must not hold a
-                # shutdown (a claim whose reply is lost is reaped when its lease expires).
-                async with asyncio.timeout(self._call_timeout):
-                    return await self.queue.claim(self.name, want, holder=self.id)
-            except TimeoutError as exc:
-                raise BackendUnavailable(f"{self.queue.backend.url}: claim timed out") from exc
+            return await self.queue.claim(self.name, want, holder=self.id)
         try:
             async with asyncio.timeout(self._call_timeout):
                 outcomes, jobs = await self.queue.complete_encoded_and_claim(
