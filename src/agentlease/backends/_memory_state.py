@@ -15,7 +15,17 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from agentlease._policy.writes import applied, check_write
-from agentlease._records import BreakerState, BudgetState, LockBusy, RecordWrite, StateRecord
+from agentlease._records import (
+    BreakerState,
+    BudgetState,
+    LockBusy,
+    PlanRead,
+    PlanReceipt,
+    PlanWrite,
+    RecordWrite,
+    StaleRead,
+    StateRecord,
+)
 from agentlease.backends._budgets import (
     BreakerRow,
     BudgetRow,
@@ -344,3 +354,24 @@ class MemoryState:
         with self._lock:
             now = self._clock()
             return self._state.breaker_record(key, fence, ok, threshold, cooldown, ttl, now)
+
+    # -- plans (approval gates): see backends/base.py ---------------------------------------------
+
+    plan_pins = False
+
+    def get_counter_version(self, name: str) -> tuple[int, int]:
+        raise NotImplementedError("plans on this store: not yet")
+
+    def plan_secret(self) -> bytes:
+        raise NotImplementedError("plans on this store: not yet")
+
+    def act_plan(
+        self,
+        plan_id: str,
+        reads: Sequence[PlanRead],
+        writes: Sequence[PlanWrite],
+        approved_by: str,
+        keep_for: float,
+        not_after: float | None,
+    ) -> PlanReceipt | list[StaleRead]:
+        raise NotImplementedError("plans on this store: not yet")

@@ -45,7 +45,17 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from agentlease._policy.writes import applied, check_write
-from agentlease._records import BreakerState, BudgetState, LockBusy, RecordWrite, StateRecord
+from agentlease._records import (
+    BreakerState,
+    BudgetState,
+    LockBusy,
+    PlanRead,
+    PlanReceipt,
+    PlanWrite,
+    RecordWrite,
+    StaleRead,
+    StateRecord,
+)
 from agentlease.backends._budgets import (
     BreakerRow,
     BudgetRow,
@@ -316,3 +326,24 @@ class SQLiteState:
             if row is not None:
                 _put_breaker(db, key, row)
         return state
+
+    # -- plans (approval gates): see backends/base.py ---------------------------------------------
+
+    plan_pins = True
+
+    def get_counter_version(self, name: str) -> tuple[int, int]:
+        raise NotImplementedError("plans on this store: not yet")
+
+    def plan_secret(self) -> bytes:
+        raise NotImplementedError("plans on this store: not yet")
+
+    def act_plan(
+        self,
+        plan_id: str,
+        reads: Sequence[PlanRead],
+        writes: Sequence[PlanWrite],
+        approved_by: str,
+        keep_for: float,
+        not_after: float | None,
+    ) -> PlanReceipt | list[StaleRead]:
+        raise NotImplementedError("plans on this store: not yet")

@@ -49,7 +49,11 @@ from agentlease._records import (
     BreakerStatus,
     BudgetState,
     LockBusy,
+    PlanRead,
+    PlanReceipt,
+    PlanWrite,
     RecordWrite,
+    StaleRead,
     StateRecord,
 )
 from agentlease.backends._postgres_driver import Q
@@ -246,3 +250,24 @@ class PostgresState:
             "ttl": float(ttl),
         }
         return _breaker(await self._fetch(Q["breaker_record"], params))
+
+    # -- plans (approval gates): see backends/base.py ---------------------------------------------
+
+    plan_pins = True
+
+    async def get_counter_version(self, name: str) -> tuple[int, int]:
+        raise NotImplementedError("plans on this store: not yet")
+
+    async def plan_secret(self) -> bytes:
+        raise NotImplementedError("plans on this store: not yet")
+
+    async def act_plan(
+        self,
+        plan_id: str,
+        reads: Sequence[PlanRead],
+        writes: Sequence[PlanWrite],
+        approved_by: str,
+        keep_for: float,
+        not_after: float | None,
+    ) -> PlanReceipt | list[StaleRead]:
+        raise NotImplementedError("plans on this store: not yet")

@@ -46,7 +46,17 @@ from typing import Any
 
 import orjson
 
-from agentlease._records import BreakerState, BudgetState, LockBusy, RecordWrite, StateRecord
+from agentlease._records import (
+    BreakerState,
+    BudgetState,
+    LockBusy,
+    PlanRead,
+    PlanReceipt,
+    PlanWrite,
+    RecordWrite,
+    StaleRead,
+    StateRecord,
+)
 from agentlease.backends._async.redis_link import RedisLink
 from agentlease.backends.lua import (
     breaker_hash,
@@ -231,6 +241,27 @@ class RedisState:
         args = (fence, "1" if ok else "0", threshold, float(cooldown), float(ttl))
         reply = await self._link.script("breaker_record", keys, args, retry=False)
         return breaker_state_from(reply)
+
+    # -- plans (approval gates): see backends/base.py ---------------------------------------------
+
+    plan_pins = False
+
+    async def get_counter_version(self, name: str) -> tuple[int, int]:
+        raise NotImplementedError("plans on this store: not yet")
+
+    async def plan_secret(self) -> bytes:
+        raise NotImplementedError("plans on this store: not yet")
+
+    async def act_plan(
+        self,
+        plan_id: str,
+        reads: Sequence[PlanRead],
+        writes: Sequence[PlanWrite],
+        approved_by: str,
+        keep_for: float,
+        not_after: float | None,
+    ) -> PlanReceipt | list[StaleRead]:
+        raise NotImplementedError("plans on this store: not yet")
 
 
 def _ratio(ratio: float) -> float:
