@@ -37,6 +37,20 @@ one round trip (but a busy set of one lock: two), each atomic under READ COMMITT
   Their healthy paths are one plain read; a step that may write locks the row and decides again
   on what it holds.
 
+* plans (``0012_plans.sql``): ``act_plan`` is one call of ``agentlease_act_plan()``, which
+  takes the plan's advisory lock (approvals of one plan queue; the receipt answers all but the
+  first), checks the deadline on the store's clock, locks every record (an absent one by a
+  stand-in row at version 0, deleted before commit) and then every counter the plan touches, in
+  code point order, compares each read (a pin: the user's row ``FOR SHARE``), applies the writes
+  through ``agentlease_write_record`` and ``agentlease_add_counter``, and keeps the receipt; a
+  refusal rolls all of it back and comes back as one row, raised here as the typed error. A
+  pin's identifiers are checked here before any I/O and quoted by the function (``%I``), its
+  values passed as literals (``%L``) that the column's type reads; a table named without its
+  schema is looked up by the connection's search_path, the store's schema alone.
+  ``get_counter_version`` is one read (the holds that ran out count as given back);
+  ``plan_secret`` one call of ``agentlease_secret()`` with 32 random bytes drawn here, which
+  the first caller stores.
+
 Field values are ``bytea``, sent as memoryviews (the pool's connections send ``bytes`` as json).
 """
 
