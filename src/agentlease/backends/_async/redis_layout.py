@@ -41,7 +41,7 @@ from agentlease.errors import BackendRefused, SchemaTooNew
 
 __all__ = ["LAYOUT", "CheckedLink"]
 
-LAYOUT = 2
+LAYOUT = 3
 """The newest key layout this agentlease reads and writes."""
 
 

@@ -139,6 +139,7 @@ __all__ = [
     "claim_terms",
     "counter_key",
     "counter_keys",
+    "counter_tag",
     "enqueued_from",
     "jobs_from",
     "key_hash",
@@ -146,9 +147,12 @@ __all__ = [
     "key_record_from",
     "lease_infos_from",
     "lock_keys",
+    "plan_receipt_key",
+    "plan_secret_key",
     "queue_keys",
     "reaped_from",
     "record_hash",
+    "record_tag",
     "state_record_from",
     "store_time",
     "task_from",
@@ -184,6 +188,7 @@ NAMES = (
     "record_write",
     "counter_add",
     "counter_get",
+    "counter_version",
     "hold_take",
     "hold_extend",
     "hold_release",
@@ -196,6 +201,8 @@ NAMES = (
     "retry_budget",
     "breaker_admit",
     "breaker_record",
+    "plan_secret",
+    "plan_act",
     "workers_register",
     "workers_list",
     "workers_unregister",
@@ -584,21 +591,66 @@ def key_record_from(key: str, v: list[Any]) -> KeyRecord:
 # -- shared-state guards -------------------------------------------------------------------------
 
 
+SPACE = "|"
+"""What separates a state space from a name in ``"<space>|<name>"`` (never in a plain name)."""
+
+
+def _space(prefix: str, name: str) -> tuple[str, str] | None:
+    """The hash tag of the state space of ``name`` and the name within it; ``None`` for a plain
+    name (no :data:`SPACE` in it)."""
+    space, sep, rest = name.partition(SPACE)
+    return (f"{prefix}:sp:{space}", rest) if sep else None
+
+
+def record_tag(prefix: str, key: str) -> str:
+    """The hash tag of record ``key``: the key itself, or its state space's."""
+    spaced = _space(prefix, key)
+    return key if spaced is None else spaced[0]
+
+
+counter_tag = record_tag
+"""The hash tag of counter ``name``: the name itself, or its state space's (as a record's)."""
+
+
 def record_hash(prefix: str, key: str) -> str:
-    """The hash of versioned record ``key`` under ``prefix`` (the key is its own hash tag)."""
-    return f"{prefix}:rec:{{{key}}}"
+    """The hash of versioned record ``key`` under ``prefix``: its own hash tag, or, for a name
+    of a state space (``"<space>|<name>"``), the space's (layout 3)."""
+    spaced = _space(prefix, key)
+    if spaced is None:
+        return f"{prefix}:rec:{{{key}}}"
+    return f"{prefix}:rec:{{{spaced[0]}}}:{spaced[1]}"
 
 
 def counter_key(prefix: str, name: str) -> str:
-    """The string of counter ``name`` under ``prefix`` (the name is its own hash tag)."""
-    return f"{prefix}:ctr:{{{name}}}"
+    """The string of counter ``name`` under ``prefix`` (its hash tag as a record's)."""
+    return counter_keys(prefix, name)[0]
 
 
-def counter_keys(prefix: str, name: str) -> tuple[str, str, str]:
-    """Counter ``name``, its holds and their expiry, all with the hash tag ``{name}``, in the
-    order the counter scripts list them."""
-    counter = counter_key(prefix, name)
-    return counter, f"{counter}:h", f"{counter}:x"
+@lru_cache(maxsize=4096)
+def counter_keys(prefix: str, name: str) -> tuple[str, str, str, str]:
+    """Counter ``name``, its holds, their expiry and its version (layout 3), all with one hash
+    tag (the name's, or its state space's), in the order the counter scripts list them. In a
+    space the kind of key goes before the tag, since the name after it may hold ``:``."""
+    spaced = _space(prefix, name)
+    if spaced is None:
+        counter = f"{prefix}:ctr:{{{name}}}"
+        return counter, f"{counter}:h", f"{counter}:x", f"{counter}:v"
+    tag, rest = spaced
+    counter, holds, expiry, version = (
+        f"{prefix}:ctr:{kind}{{{tag}}}:{rest}" for kind in ("", "h:", "x:", "v:")
+    )
+    return counter, holds, expiry, version
+
+
+def plan_receipt_key(prefix: str, tag: str, plan_id: str) -> str:
+    """The receipt of plan ``plan_id``, in the hash tag ``tag`` of the plan's first name (every
+    name of a plan shares it on a cluster)."""
+    return f"{prefix}:plan:{{{tag}}}:{plan_id}"
+
+
+def plan_secret_key(prefix: str) -> str:
+    """The store's key for the MACs of plans (no hash tag: a slot of its own on a cluster)."""
+    return f"{prefix}:plans:secret"
 
 
 @dataclass(frozen=True, slots=True)
