@@ -5,7 +5,17 @@ Written once for asyncio; ``backends/_sync/redis_state.py`` is generated from it
 
 A record is the hash ``<prefix>:rec:{<key>}`` and a counter the string ``<prefix>:ctr:{<name>}``:
 each is its own hash tag, so they spread over a Redis Cluster and each script touches one record
-or one counter (with its holds, which share the counter's hash tag).
+or one counter (with its holds and its version, which share the counter's hash tag). A name of a
+state space, ``"<space>|<name>"``, is placed in the space's hash tag ``{<prefix>:sp:<space>}``
+instead (key layout 3): every record and counter of one space lives on one slot.
+
+A plan (an approval gate) is acted on by one script, ``plan_act.lua``, given every key it reads
+or writes and the receipt's: on a Redis Cluster they must share a slot, which a plan whose names
+are all of one state space does (or all one plain name); any other plan is refused with
+PlanRefused before anything is sent. On a single Redis any names work. A pin (a row of the
+user's own table) is refused: Redis holds no such table. The receipt lives in the hash tag of
+the plan's first name (``<prefix>:plan:{<tag>}:<id>``), kept ``keep_for`` seconds (Redis
+expires it).
 A retry budget is the hash ``<prefix>:bud:{<key>}`` and a circuit breaker the hash
 ``<prefix>:brk:{<key>}``, each its own hash tag, one script per primitive, each write moving the
 key's expiry to ``ttl`` after it (Redis deletes it then).
@@ -30,6 +40,13 @@ connection mid-call raises BackendUnavailable (the write may or may not have bee
 version check would refuse a resent compare-and-set, but a blind write or an addition would be
 applied twice, and a nonce kept in the record or counter would recognise a resend only if no
 other writer came in between.
+
+An act on a plan is resent: it carries a request nonce that its receipt keeps, so a resend of an
+act that ran finds the receipt with its own nonce and is answered as the first sending would have
+been (``first=True``); a later call of anyone else gets the receipt with ``first=False``. A
+resend of an act that did not run acts (every check is made again). The plan's secret is made by
+``SET NX`` and read back, which repeats harmlessly, as does ``get_counter_version`` (its sweep
+of expired holds finds nothing left to give back).
 
 A budget step and a breaker outcome are not resent either (a resent failure would count twice,
 a resent retry would take two). An admission is: the closed, open and half-open paths are reads,
@@ -300,7 +317,7 @@ class RedisState:
                 "'<space>|<name>'): its keys are on more than one slot",
                 plan_id=plan_id,
             )
-        nonce = os.urandom(8).hex()
+        nonce = _nonce()
         body = {
             "n": nonce,
             "by": approved_by,

@@ -58,7 +58,7 @@ on one Redis Cluster shard and every script is given all the keys it touches:
                             are its first members)
 ``p:ids``                   hash: task id -> queue (ids are unique across queues)
 ``p:queues``                set: every queue enqueued to
-``p:layout``                string: this layout's version (2), written on first use; a client
+``p:layout``                string: this layout's version (3), written on first use; a client
                             refuses a higher one (see ``_async/redis_layout.py``)
 ``p:key:{k}``               hash: idempotency key ``k`` (its own hash tag, so keys spread over
                             a cluster): state, fingerprint, fence, holder, token, times,
@@ -72,6 +72,19 @@ on one Redis Cluster shard and every script is given all the keys it touches:
                             or a tombstone once it ended, until its expiry (see ``_state.lua``)
 ``p:ctr:{c}:x``             zset by expires_at: the tokens of ``:h`` (a counter's scripts give
                             back the expired first, reading only those)
+``p:ctr:{c}:v``             string: counter ``c``'s version (layout 3; absent: 0), +1 by every
+                            script that changes its value (see ``_state.lua``)
+``p:rec:{p:sp:s}:k``        a name of state space ``s``, ``"s|k"`` (layout 3): record ``k`` of
+``p:ctr:{p:sp:s}:c``        the space, counter ``c`` and its ``p:ctr:h:{p:sp:s}:c``,
+                            ``p:ctr:x:{p:sp:s}:c``, ``p:ctr:v:{p:sp:s}:c`` (the kind goes before
+                            the tag: the name after it may hold ``:``), all in the space's hash
+                            tag: one slot per space, so a plan over a space is one script
+``p:plan:{t}:id``           string: the receipt of plan ``id`` (JSON: who approved, when, each
+                            write's version after it, the request nonce of the call that acted),
+                            in the hash tag ``t`` of the plan's first name (its space's); Redis
+                            expires it after the plan's ``keep_for`` (see ``plan_act.lua``)
+``p:plans:secret``          string: the 32 random bytes the MACs of plans are made with, written
+                            once (SET NX; a slot of its own)
 ``p:bud:{k}``               hash: retry budget ``k`` (its own hash tag): ``c`` calls, ``r``
                             retries granted; Redis expires it ``ttl`` after its last write
 ``p:brk:{k}``               hash: circuit breaker ``k`` (its own hash tag): ``s`` state, ``f``
