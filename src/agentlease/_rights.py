@@ -86,6 +86,7 @@ REDIS_SCRIPTS = (
     "hset",
     "incrby",
     "pexpireat",
+    "set",  # plan_secret.lua (SET NX), plan_act.lua (a plan's receipt, with PX)
     "time",
     "unlink",  # delete_queue: the keys of a queue once its last task is deleted
     "zadd",

@@ -275,6 +275,45 @@ def test_redis_workload_runs_under_exactly_the_rule(redis_acl: RedisACL) -> None
     assert "~other:*" in str(_refusal(lambda: _first_call(other)))
 
 
+def test_redis_plans_run_under_exactly_the_rule(redis_acl: RedisACL) -> None:
+    """The plan primitives (the store's secret, a counter's version, an act that applies, one
+    that is stale, one replayed) need no right beyond the printed rule; without SET, which their
+    scripts call, the refusal names it."""
+    from agentlease._records import PlanRead, PlanReceipt, PlanWrite, RecordWrite
+
+    url = redis_acl.url()
+    space = f"plans-{time.monotonic_ns()}"
+    order, refunds = f"{space}|order", f"{space}|refunds"
+    backend = al.connect(url)
+    try:
+        assert len(backend.plan_secret()) == 32
+        backend.add_counter(refunds, 1, None, None)
+        assert backend.get_counter_version(refunds) == (1, 1)
+        reads = [PlanRead("record", order, 0), PlanRead("counter", refunds, 1)]
+        writes = [
+            PlanWrite("record", order, record=RecordWrite({"s": b'"refunded"'})),
+            PlanWrite("counter", refunds, delta=1, high=10),
+        ]
+        done = backend.act_plan("plan-1", reads, writes, "ada", 60, None)
+        assert isinstance(done, PlanReceipt)
+        assert done.first
+        again = backend.act_plan("plan-1", reads, writes, "ada", 60, None)
+        assert isinstance(again, PlanReceipt)
+        assert not again.first
+        stale = backend.act_plan("plan-2", reads, writes, "ada", 60, None)
+        assert isinstance(stale, list)
+        assert [s.key for s in stale] == [order, refunds]
+    finally:
+        backend.close()
+    less = redis_acl.set(without="+set")
+    backend = al.connect(less)
+    try:
+        assert "SET" in str(_refusal(backend.plan_secret))
+    finally:
+        backend.close()
+        redis_acl.set()
+
+
 def test_redis_rule_for_another_database_adds_select(redis_server: PrivateRedis) -> None:
     acl = RedisACL(redis_server)
     url = acl.url().replace("/0?", "/1?")
