@@ -106,7 +106,9 @@ Q = queries("agentlease.backends.sql", "sqlite.sql")
 # triggers that write the history. Version 9 adds the index of done tasks by finished time,
 # which the schema creates over the rows already there (it needs no step of its own), and
 # indexes of budgets and breakers by expiry; listings read the partial indexes of their state.
-SCHEMA_VERSION = 10
+# 11: plans: each counter's version (a column, 0 for the counters already there), the receipts of
+# plans acted on and the store's plan secret (tables).
+SCHEMA_VERSION = 11
 
 
 _ADD_COLUMN = re.compile(r"ALTER TABLE (\w+) ADD COLUMN (\w+)")
