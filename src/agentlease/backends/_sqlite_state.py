@@ -54,6 +54,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from agentlease._pins import parse_pin
 from agentlease._policy.writes import applied, check_write
 from agentlease._records import (
     BreakerState,
@@ -74,7 +75,6 @@ from agentlease.backends._budgets import (
     live,
     record_step,
 )
-from agentlease._pins import parse_pin
 from agentlease.backends._sqlfile import queries
 from agentlease.errors import LimitReached, PlanExpired, PlanRefused
 
