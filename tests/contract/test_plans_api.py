@@ -210,7 +210,11 @@ def test_pins_on_sqlite_check_the_users_own_row(store: Store) -> None:
             state.act(sealed, approved_by="ada")
         (moved,) = info.value.stale
         assert (moved.kind, moved.read_version, moved.current_version) == ("pin", 3, 4)
-        assert orjson.loads(moved.key) == {"column": "version", "table": "orders", "where": {"id": 1}}
+        assert orjson.loads(moved.key) == {
+            "column": "version",
+            "table": "orders",
+            "where": {"id": 1},
+        }
         assert state.counter("refunds") == 0
         with state.plan(step="t") as plan:
             plan.pin("orders", {"id": 1}, 4)
