@@ -734,8 +734,8 @@ def test_mutated_plans_are_refused_with_plan_refused_and_change_nothing() -> Non
     @given(st.lists(edits, min_size=1, max_size=4))
     def prop(steps: list[tuple[str, int, str]]) -> None:
         text = sealed
-        for how, at, what in steps:
-            at = min(at, len(text))
+        for how, where, what in steps:
+            at = min(where, len(text))
             if how == "set":
                 text = text[:at] + what + text[at + 1 :]
             elif how == "drop":
