@@ -292,13 +292,14 @@ class SQLiteBackend(SQLiteKeys, SQLiteState):
 
     def _has_column(self, statement: str) -> bool:
         """Whether ``statement`` adds a column the table already has (an upgrade step run on a
-        database that has it, as a copy rolled back by hand may): it is skipped then."""
+        database that has it, as a copy rolled back by hand may), or a column of a table the
+        database does not have yet (the schema creates it whole): it is skipped then."""
         added = _ADD_COLUMN.search(statement)
         if added is None:
             return False
         table, column = added.groups()
         columns = self._db.execute(f"PRAGMA table_info({table})").fetchall()
-        return any(row[1] == column for row in columns)
+        return not columns or any(row[1] == column for row in columns)
 
     def _step(self, *, write: bool) -> _Step:
         return _Step(self, write)
