@@ -87,6 +87,8 @@ PUBLIC = {
     "PlanDiverged",
     "PlanExpired",
     "PlanReceipt",
+    "Plan",
+    "AsyncPlan",
     "PlanRefused",
     "StalePlan",
     "StaleRead",
