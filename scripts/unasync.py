@@ -52,6 +52,7 @@ RENAMES = {
     "AsyncSharedState": "SharedState",
     "AsyncLockSet": "LockSet",
     "AsyncCounterHold": "CounterHold",
+    "AsyncPlan": "Plan",
     # Retry budgets, circuit breakers, spend budgets.
     "AsyncRetryBudget": "RetryBudget",
     "AsyncCircuitBreaker": "CircuitBreaker",

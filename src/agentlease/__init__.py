@@ -48,6 +48,8 @@ from agentlease.errors import (
     PayloadTooLarge,
     PermissionDenied,
     PlanDiverged,
+    PlanExpired,
+    PlanRefused,
     QueueInUse,
     ReconciliationConflict,
     ReplayedFailure,
@@ -56,6 +58,7 @@ from agentlease.errors import (
     RetryBudgetExhausted,
     SchemaNotMigrated,
     SchemaTooNew,
+    StalePlan,
     TaskCancelled,
     TaskTimeout,
     TLSRefused,
@@ -78,7 +81,7 @@ if TYPE_CHECKING:
     from agentlease._async.idempotency import AsyncAction, AsyncIdempotency
     from agentlease._async.queue import AsyncQueue
     from agentlease._async.scheduler import AsyncScheduler
-    from agentlease._async.state import AsyncLockSet, AsyncSharedState
+    from agentlease._async.state import AsyncLockSet, AsyncPlan, AsyncSharedState
     from agentlease._codec import JSON
     from agentlease._context import AsyncJobContext, JobContext
     from agentlease._deadline import call_timeout, check_deadline, deadline, remaining
@@ -107,8 +110,10 @@ if TYPE_CHECKING:
         KeyState,
         Lease,
         LeaseInfo,
+        PlanReceipt,
         QueueStats,
         Reaped,
+        StaleRead,
         Task,
         TaskSpec,
         TaskState,
@@ -125,7 +130,7 @@ if TYPE_CHECKING:
     from agentlease._sync.idempotency import Action, Idempotency
     from agentlease._sync.queue import Queue
     from agentlease._sync.scheduler import Scheduler
-    from agentlease._sync.state import LockSet, SharedState
+    from agentlease._sync.state import LockSet, Plan, SharedState
     from agentlease._versioned_sql import versioned_update
     from agentlease._worker import AsyncWorker, Worker
     from agentlease.backends import AsyncBackend, Backend, connect, connect_async
@@ -148,6 +153,7 @@ _LAZY = {
     "AsyncScheduler": "agentlease._async.scheduler",
     "AsyncLockSet": "agentlease._async.state",
     "AsyncSharedState": "agentlease._async.state",
+    "AsyncPlan": "agentlease._async.plans",
     "JSON": "agentlease._codec",
     "AsyncJobContext": "agentlease._context",
     "JobContext": "agentlease._context",
@@ -186,7 +192,9 @@ _LAZY = {
     "KeyState": "agentlease._records",
     "Lease": "agentlease._records",
     "LeaseInfo": "agentlease._records",
+    "PlanReceipt": "agentlease._records",
     "QueueStats": "agentlease._records",
+    "StaleRead": "agentlease._records",
     "Reaped": "agentlease._records",
     "Task": "agentlease._records",
     "TaskSpec": "agentlease._records",
@@ -209,6 +217,7 @@ _LAZY = {
     "Scheduler": "agentlease._sync.scheduler",
     "LockSet": "agentlease._sync.state",
     "SharedState": "agentlease._sync.state",
+    "Plan": "agentlease._sync.plans",
     "versioned_update": "agentlease._versioned_sql",
     "AsyncWorker": "agentlease._worker",
     "Worker": "agentlease._worker",
@@ -234,6 +243,7 @@ __all__ = [
     "AsyncIdempotentFunction",
     "AsyncJobContext",
     "AsyncLockSet",
+    "AsyncPlan",
     "AsyncQueue",
     "AsyncRetryBudget",
     "AsyncScheduler",
@@ -300,7 +310,11 @@ __all__ = [
     "PayloadError",
     "PayloadTooLarge",
     "PermissionDenied",
+    "Plan",
     "PlanDiverged",
+    "PlanExpired",
+    "PlanReceipt",
+    "PlanRefused",
     "Policy",
     "PreferSource",
     "Queue",
@@ -322,6 +336,8 @@ __all__ = [
     "SharedState",
     "SpendBudget",
     "SpendHold",
+    "StalePlan",
+    "StaleRead",
     "StateMachine",
     "TLSRefused",
     "Task",

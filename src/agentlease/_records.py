@@ -37,9 +37,13 @@ __all__ = [
     "ListedState",
     "LockBusy",
     "NewTask",
+    "PlanRead",
+    "PlanReceipt",
+    "PlanWrite",
     "QueueStats",
     "Reaped",
     "RecordWrite",
+    "StaleRead",
     "StateRecord",
     "Task",
     "TaskSpec",
@@ -880,6 +884,62 @@ class StateRecord:
     def value(self) -> dict[str, JSON]:
         """The record's fields, decoded."""
         return {name: decode(data) for name, data in self.fields.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class PlanRead:
+    """What a plan read, to be checked when it is acted on: a record's or a counter's version
+    (0: it did not exist), or the version column of a row of the user's own table (``pin``).
+
+    ``key`` is the record key or counter name as the store keeps it (a state space's names are
+    qualified: ``"<space>|<name>"``); for a pin, the canonical JSON of ``{"table": ...,
+    "where": {column: value, ...}, "column": ...}`` (identifiers checked above the seam).
+    """
+
+    kind: Literal["record", "counter", "pin"]
+    key: str
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
+class PlanWrite:
+    """One write a plan declared: a guarded record write (``record``, applied as
+    ``write_record`` applies it) or a bounded counter step (``delta`` within ``low`` and
+    ``high``, as ``add_counter``)."""
+
+    kind: Literal["record", "counter"]
+    key: str
+    record: RecordWrite | None = None
+    delta: int = 0
+    low: int | None = None
+    high: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StaleRead:
+    """A read of a plan that no longer holds: the version the plan read and the version now."""
+
+    kind: Literal["record", "counter", "pin"]
+    key: str
+    read_version: int
+    current_version: int
+
+
+@dataclass(frozen=True, slots=True)
+class PlanReceipt:
+    """The outcome of acting on a plan, kept by the store under the plan's id.
+
+    ``first`` is true for the call that acted and false for every later one (the stored
+    receipt, replayed: approving a plan twice acts once). ``versions`` holds, for each of the
+    plan's writes in order, the record's version after it (a counter: its version after it).
+    ``approved_at`` is on the store's clock.
+    """
+
+    plan_id: str
+    first: bool
+    approved_by: str
+    approved_at: float
+    versions: tuple[int, ...]
 
 
 @dataclass(frozen=True, slots=True)

@@ -86,6 +86,7 @@ REDIS_SCRIPTS = (
     "hset",
     "incrby",
     "pexpireat",
+    "set",  # plan_secret.lua (SET NX), plan_act.lua (a plan's receipt, with PX)
     "time",
     "unlink",  # delete_queue: the keys of a queue once its last task is deleted
     "zadd",
@@ -112,7 +113,8 @@ WORKER_TABLES: dict[str, tuple[str, ...]] = {
     "agentlease_queues": ("SELECT", "INSERT", "UPDATE", "DELETE"),  # DELETE: delete_queue
     "agentlease_tasks": ("SELECT", "INSERT", "UPDATE", "DELETE"),  # DELETE: retention
     "agentlease_keys": ("SELECT", "INSERT", "UPDATE", "DELETE"),
-    "agentlease_records": ("SELECT", "INSERT", "UPDATE"),
+    # DELETE: a plan that read an absent record deletes the stand-in row it locked it with.
+    "agentlease_records": ("SELECT", "INSERT", "UPDATE", "DELETE"),
     "agentlease_record_fields": ("SELECT", "INSERT", "UPDATE", "DELETE"),
     "agentlease_counters": ("SELECT", "INSERT", "UPDATE"),
     "agentlease_counter_holds": ("SELECT", "INSERT", "UPDATE", "DELETE"),
@@ -123,6 +125,10 @@ WORKER_TABLES: dict[str, tuple[str, ...]] = {
     # statements (old attempts deleted past the last 20), and the live workers' entries.
     "agentlease_attempts": ("SELECT", "INSERT", "UPDATE", "DELETE"),
     "agentlease_workers": ("SELECT", "INSERT", "UPDATE", "DELETE"),
+    # Plans (migration 12): receipts (DELETE: purge_state), and the store's secrets (the key of
+    # the MACs of plans: whoever reads it may seal a plan the store accepts).
+    "agentlease_plans": ("SELECT", "INSERT", "UPDATE", "DELETE"),
+    "agentlease_secrets": ("SELECT", "INSERT"),
 }
 """The worker role's privileges on each table of the schema (UPDATE covers row locks too)."""
 
@@ -131,6 +137,7 @@ WORKER_SEQUENCES: dict[str, tuple[str, ...]] = {"agentlease_seq": ("USAGE",)}
 
 WORKER_FUNCTIONS = (
     "agentlease_acquire_locks",
+    "agentlease_act_plan",
     "agentlease_add_counter",
     "agentlease_breaker_admit",
     "agentlease_breaker_record",
@@ -153,6 +160,7 @@ WORKER_FUNCTIONS = (
     "agentlease_requeue_dead",
     "agentlease_reserve_key",
     "agentlease_retry_budget",
+    "agentlease_secret",
     "agentlease_settle_hold",
     "agentlease_unpark",
     "agentlease_write_record",

@@ -10,6 +10,7 @@ Every refusal is one of these classes, so callers can catch exactly what they me
     │   ├── InvalidURL                          malformed or unsupported backend URL
     │   ├── InvalidSchedule                     bad cron expression, misfire policy or time zone
     │   ├── MissingIdentity                     an idempotent action without a task or step id
+    │   ├── PlanRefused                         a plan edited in transit, or not possible here
     │   └── PayloadError                        payload, result or checkpoint refused
     │       ├── NotJSON                         not JSON-serialisable (never pickled)
     │       └── PayloadTooLarge                 over the configured size limit
@@ -34,7 +35,9 @@ Every refusal is one of these classes, so callers can catch exactly what they me
     │   ├── NotLockOwner                        a release by someone who does not hold the lock
     │   ├── HoldLost                            a counter hold ran out or already ended
     │   ├── LockHeldAcrossModelCall             a model call entered while the task holds a lock
-    │   └── ReconciliationConflict              two branches found different values for a field
+    │   ├── ReconciliationConflict              two branches found different values for a field
+    │   ├── StalePlan                           what an approved plan read has moved (each key)
+    │   └── PlanExpired                         a plan acted on past its deadline
     ├── BackendError                            the store failed; the driver error is __cause__
     │   ├── BackendUnavailable                  cannot reach or open the store now (transient)
     │   ├── BackendRefused                      refuses this client as configured (permanent)
@@ -101,6 +104,8 @@ __all__ = [
     "PayloadTooLarge",
     "PermissionDenied",
     "PlanDiverged",
+    "PlanExpired",
+    "PlanRefused",
     "QueueInUse",
     "ReconciliationConflict",
     "ReplayedFailure",
@@ -109,6 +114,7 @@ __all__ = [
     "RetryBudgetExhausted",
     "SchemaNotMigrated",
     "SchemaTooNew",
+    "StalePlan",
     "TLSRefused",
     "TaskCancelled",
     "TaskTimeout",
@@ -167,6 +173,20 @@ class InvalidSchedule(InvalidInput):
 
 class MissingIdentity(InvalidInput):
     """An idempotent action has no task id or step id: its key cannot be derived safely."""
+
+
+class PlanRefused(InvalidInput):
+    """A plan cannot be acted on as given, and nothing was written: its MAC does not match its
+    content (edited in transit, or sealed by another store), it is not a plan at all, or it
+    asks for what this store cannot do in one atomic step (a ``pin`` outside SQLite and
+    PostgreSQL; on a Redis Cluster, names that do not share one state space). ``reason`` says
+    which."""
+
+    def __init__(self, reason: str, *, plan_id: str | None = None) -> None:
+        which = f"plan {plan_id!r}" if plan_id else "the plan"
+        super().__init__(f"{which} was refused: {reason}")
+        self.reason = reason
+        self.plan_id = plan_id
 
 
 class PayloadError(InvalidInput):
@@ -506,6 +526,40 @@ class ReconciliationConflict(GuardError):
         self.first = first
         self.second = second
         self.why = why
+
+
+class StalePlan(GuardError):
+    """The world moved since the plan was made: at least one record, counter or pinned row it
+    read is at another version now. Nothing was written; re-plan with the current values.
+
+    Attributes:
+        plan_id: the plan.
+        stale: each read that no longer holds (:class:`~agentlease._records.StaleRead`: ``kind``,
+            ``key``, ``read_version``, ``current_version``), in the plan's order.
+    """
+
+    def __init__(self, plan_id: str, stale: Any) -> None:
+        moved = ", ".join(
+            f"{s.kind} {s.key!r} read at version {s.read_version}, now {s.current_version}"
+            for s in stale
+        )
+        super().__init__(f"plan {plan_id!r} is stale: {moved}")
+        self.plan_id = plan_id
+        self.stale = list(stale)
+
+
+class PlanExpired(GuardError):
+    """The plan was acted on after its deadline (``not_after``, seconds since the epoch,
+    compared with the store's clock: ``now``); nothing was written."""
+
+    def __init__(self, plan_id: str, not_after: float, now: float) -> None:
+        super().__init__(
+            f"plan {plan_id!r} expired {max(0.0, now - not_after):.3f} s ago: it can no longer"
+            " be approved"
+        )
+        self.plan_id = plan_id
+        self.not_after = not_after
+        self.now = now
 
 
 class BackendError(AgentLeaseError):

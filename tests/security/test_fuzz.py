@@ -25,6 +25,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -708,3 +709,51 @@ def test_deep_and_huge_payloads_are_typed_refusals() -> None:
     with pytest.raises(al.NotJSON):
         queue.enqueue("q", 2**64)
     assert queue.stats("q").counts == {"queued": 1}
+
+
+def test_mutated_plans_are_refused_with_plan_refused_and_change_nothing() -> None:
+    """Random edits of a sealed plan's text (a character changed, dropped or inserted, a slice
+    cut out) are refused with PlanRefused, never another exception, and write nothing; a plan
+    whose text is unchanged acts (the MAC covers the content, not the bytes' layout)."""
+    state = al.SharedState(MemoryBackend(), space="fuzz")
+    state.compare_and_set("order", 0, {"status": "paid", "amount": 40})
+    with state.plan(step="refund", expires_in=3600) as plan:
+        state.get("order")
+        state.counter("refunds")
+        plan.set_field("order", "status", "refunded")
+        plan.add("refunds", 1)
+    sealed = plan.seal()
+    edits = st.one_of(
+        st.tuples(st.just("set"), st.integers(0, len(sealed) - 1), st.characters()),
+        st.tuples(st.just("drop"), st.integers(0, len(sealed) - 1), st.just("")),
+        st.tuples(st.just("insert"), st.integers(0, len(sealed)), st.text(min_size=1, max_size=8)),
+        st.tuples(st.just("cut"), st.integers(0, len(sealed) - 1), st.integers(1, 64).map(str)),
+    )
+
+    @settings(settings.get_profile("agentlease-fuzz"), max_examples=400 if DEEP else 80)
+    @given(st.lists(edits, min_size=1, max_size=4))
+    def prop(steps: list[tuple[str, int, str]]) -> None:
+        text = sealed
+        for how, where, what in steps:
+            at = min(where, len(text))
+            if how == "set":
+                text = text[:at] + what + text[at + 1 :]
+            elif how == "drop":
+                text = text[:at] + text[at + 1 :]
+            elif how == "insert":
+                text = text[:at] + what + text[at:]
+            else:
+                text = text[:at] + text[at + int(what) :]
+        if text == sealed:
+            return
+        before = (state.get("order"), state.counter_version("refunds"))
+        try:
+            outcome = state.act(text, approved_by="fuzz")
+        except al.PlanRefused:
+            pass
+        else:  # an edit that kept the JSON's content (whitespace, key order) is the same plan
+            assert orjson.loads(text) == orjson.loads(sealed), (text, outcome)
+            return
+        assert (state.get("order"), state.counter_version("refunds")) == before
+
+    prop()

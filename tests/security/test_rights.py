@@ -36,6 +36,7 @@ import redis
 from click.testing import CliRunner
 
 import agentlease as al
+from agentlease._records import PlanRead, PlanReceipt, PlanWrite, RecordWrite
 from agentlease._rights import PostgresGrants, RedisRule, rights
 from agentlease.backends.memory import MemoryBackend
 from agentlease.cli import cli
@@ -274,6 +275,45 @@ def test_redis_workload_runs_under_exactly_the_rule(redis_acl: RedisACL) -> None
     assert "~other:*" in str(_refusal(lambda: _first_call(other)))
 
 
+def test_redis_plans_run_under_exactly_the_rule(redis_acl: RedisACL) -> None:
+    """The plan primitives (the store's secret, a counter's version, an act that applies, one
+    that is stale, one replayed) need no right beyond the printed rule; without SET, which their
+    scripts call, the refusal names it."""
+    from agentlease._records import PlanRead, PlanReceipt, PlanWrite, RecordWrite
+
+    url = redis_acl.url()
+    space = f"plans-{time.monotonic_ns()}"
+    order, refunds = f"{space}|order", f"{space}|refunds"
+    backend = al.connect(url)
+    try:
+        assert len(backend.plan_secret()) == 32
+        backend.add_counter(refunds, 1, None, None)
+        assert backend.get_counter_version(refunds) == (1, 1)
+        reads = [PlanRead("record", order, 0), PlanRead("counter", refunds, 1)]
+        writes = [
+            PlanWrite("record", order, record=RecordWrite({"s": b'"refunded"'})),
+            PlanWrite("counter", refunds, delta=1, high=10),
+        ]
+        done = backend.act_plan("plan-1", reads, writes, "ada", 60, None)
+        assert isinstance(done, PlanReceipt)
+        assert done.first
+        again = backend.act_plan("plan-1", reads, writes, "ada", 60, None)
+        assert isinstance(again, PlanReceipt)
+        assert not again.first
+        stale = backend.act_plan("plan-2", reads, writes, "ada", 60, None)
+        assert isinstance(stale, list)
+        assert [s.key for s in stale] == [order, refunds]
+    finally:
+        backend.close()
+    less = redis_acl.set(without="+set")
+    backend = al.connect(less)
+    try:
+        assert "SET" in str(_refusal(backend.plan_secret))
+    finally:
+        backend.close()
+        redis_acl.set()
+
+
 def test_redis_rule_for_another_database_adds_select(redis_server: PrivateRedis) -> None:
     acl = RedisACL(redis_server)
     url = acl.url().replace("/0?", "/1?")
@@ -489,6 +529,92 @@ def test_postgres_worker_missing_a_right_exits_naming_it(
     assert done.returncode == 2, done.stderr
     assert f"EXECUTE on function {SCHEMA}.agentlease_complete_many" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def _plan(url: str, name: str, *, pin: str | None = None) -> tuple[object, object]:
+    """Every plan primitive on the sync face: the secret, a counter's version, and a plan that
+    reads an absent record (its stand-in row is deleted), a counter and optionally a pin, and
+    writes a record and the counter; then the same plan again (its receipt replayed)."""
+    backend = al.connect(url)
+    try:
+        assert len(backend.plan_secret()) == 32
+        assert backend.get_counter_version(f"{name}|c") == (0, 0)
+        reads = [PlanRead("record", f"{name}|r", 0), PlanRead("counter", f"{name}|c", 0)]
+        if pin is not None:
+            reads.append(PlanRead("pin", pin, 1))
+        writes = [
+            PlanWrite("record", f"{name}|w", record=RecordWrite({"a": b"1"})),
+            PlanWrite("counter", f"{name}|c", delta=1),
+        ]
+        first = backend.act_plan(f"{name}-plan", reads, writes, "ada", 60.0, None)
+        again = backend.act_plan(f"{name}-plan", reads, writes, "ada", 60.0, None)
+        assert backend.purge_state(10) >= 0
+        return first, again
+    finally:
+        backend.close()
+
+
+def test_postgres_plans_run_under_exactly_the_grants(pg: PG) -> None:
+    pg.as_owner(
+        f"CREATE TABLE IF NOT EXISTS {SCHEMA}.rights_orders (id integer PRIMARY KEY,"
+        f" version bigint NOT NULL); INSERT INTO {SCHEMA}.rights_orders VALUES (1, 1)"
+        f" ON CONFLICT DO NOTHING; GRANT SELECT, UPDATE ON {SCHEMA}.rights_orders TO {WORKER}"
+    )
+    pin = '{"column":"version","table":"rights_orders","where":{"id":1}}'
+    first, again = _plan(pg.url, "rights-plan", pin=pin)
+    assert isinstance(first, PlanReceipt)
+    assert first.first
+    assert isinstance(again, PlanReceipt)
+    assert not again.first
+
+    async def run() -> None:
+        backend = al.connect_async(pg.url)
+        try:
+            assert len(await backend.plan_secret()) == 32
+            reads = [PlanRead("record", "rights-aplan|r", 0)]
+            writes = [PlanWrite("counter", "rights-aplan|c", delta=1)]
+            done = await backend.act_plan("rights-aplan", reads, writes, "ada", 60.0, None)
+            assert isinstance(done, PlanReceipt)
+            assert await backend.get_counter_version("rights-aplan|c") == (1, 1)
+        finally:
+            await backend.close()
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize(
+    ("revoke", "named"),
+    [
+        (
+            f"REVOKE EXECUTE ON FUNCTION {SCHEMA}.agentlease_act_plan FROM {WORKER}",
+            f"EXECUTE on function {SCHEMA}.agentlease_act_plan",
+        ),
+        (
+            f"REVOKE EXECUTE ON FUNCTION {SCHEMA}.agentlease_secret FROM {WORKER}",
+            f"EXECUTE on function {SCHEMA}.agentlease_secret",
+        ),
+        (
+            f"REVOKE SELECT ON {SCHEMA}.agentlease_secrets FROM {WORKER}",
+            f"SELECT, INSERT on table {SCHEMA}.agentlease_secrets",
+        ),
+        (
+            f"REVOKE INSERT ON {SCHEMA}.agentlease_plans FROM {WORKER}",
+            f"SELECT, INSERT, UPDATE, DELETE on table {SCHEMA}.agentlease_plans",
+        ),
+        (  # the stand-in row of an absent record read by the plan
+            f"REVOKE DELETE ON {SCHEMA}.agentlease_records FROM {WORKER}",
+            f"SELECT, INSERT, UPDATE, DELETE on table {SCHEMA}.agentlease_records",
+        ),
+    ],
+)
+def test_postgres_plans_one_right_less_is_a_permission_error_naming_it(
+    pg: PG, revoked: Callable[[str], None], revoke: str, named: str
+) -> None:
+    revoked(revoke)
+    name = f"rights-less-{revoke.split()[2].lower()}-{time.monotonic_ns()}"
+    exc = _refusal(lambda: _plan(pg.url, name))
+    assert named in str(exc), exc
+    assert "agentlease rights" in str(exc)
 
 
 def test_postgres_migrating_without_create_says_so(pg: PG) -> None:

@@ -286,3 +286,40 @@ def test_no_output_log_event_error_or_repr_shows_a_password(
         "log records",
     )
     assert len(secrets.seen) > 40
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+def test_the_plan_secret_is_in_no_sealed_plan_log_repr_or_error(
+    kind: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    url = "memory://" if kind == "memory" else f"sqlite:///{tmp_path / 's.db'}"
+    state = al.SharedState.connect(url, space="shop")
+    try:
+        secret = state.backend.plan_secret()
+        forbidden = [secret.hex(), secret.hex().upper(), repr(secret), secret.decode("latin-1")]
+        seen: list[str] = []
+        with state.plan(step="refund") as plan:
+            state.get("order")
+            plan.set_field("order", "status", "refunded")
+        sealed = plan.seal()
+        seen += [sealed, repr(plan), repr(state), repr(state.backend)]
+        tampered = sealed.replace("refunded", "refundex")
+        for text in [tampered, sealed[:-3], "{}"]:
+            with pytest.raises(al.PlanRefused) as info:
+                state.act(text, approved_by="ada")
+            seen += [
+                str(info.value),
+                repr(info.value),
+                "".join(traceback.format_exception(info.value)),
+            ]
+        state.set_field("order", "status", "cancelled")
+        with pytest.raises(al.StalePlan) as stale:
+            plan.act("ada")
+        seen += [str(stale.value), repr(stale.value.stale)]
+        seen += [r.getMessage() for r in caplog.records]
+        for text in seen:
+            for secret_form in forbidden:
+                assert secret_form not in text
+    finally:
+        state.close()

@@ -29,6 +29,14 @@ Written once for asyncio; the synchronous face is generated from this file by sc
   token per lock; a lost renewal is raised, not swallowed, and so is a TTL that ran out on the
   holder's own monotonic clock while renewals failed (a store outage): past that local deadline
   the holder has lost the locks, whatever the store says later.
+* **State spaces**: ``SharedState(backend, space="billing")`` stores every record key and
+  counter name of that state object as ``"billing|<name>"`` (``|`` is never allowed in a name,
+  so a space's names never collide with plain ones, nor with another space's). Locks are not in
+  spaces. On a Redis Cluster the records and counters of one space share a hash tag (one slot),
+  which is what lets a plan touch several of them in one script.
+* **Plans** (approval gates that refuse a stale plan): :meth:`SharedState.plan` records
+  what a step read and declares what it will write; :meth:`SharedState.act` acts on the
+  sealed plan only if nothing it read has moved (see :mod:`agentlease._sync.plans`).
 """
 
 from __future__ import annotations
@@ -44,7 +52,7 @@ from agentlease import _clock, _deadline, _guards
 from agentlease import _validate as check
 from agentlease._codec import DEFAULT_MAX_BYTES, JSON, encode
 from agentlease._policy.transitions import StateMachine
-from agentlease._records import LockBusy, RecordWrite, StateRecord, Versioned
+from agentlease._records import LockBusy, PlanReceipt, RecordWrite, StateRecord, Versioned
 from agentlease._renewal import Renewals, Renewing, sync_sleep
 from agentlease.backends import Backend, connect
 from agentlease.errors import (
@@ -58,8 +66,9 @@ from agentlease.errors import (
 )
 
 from .holds import CounterHold
+from .plans import DEFAULT_KEEP_FOR, Plan, act_sealed, current_plan
 
-__all__ = ["CounterHold", "LockSet", "SharedState"]
+__all__ = ["CounterHold", "LockSet", "Plan", "SharedState"]
 
 _HOST = socket.gethostname()
 
@@ -207,11 +216,20 @@ class SharedState:
 
     Args:
         backend: the store (see :func:`agentlease.connect`).
+        space: a named state space (the rules of a name): every record key and counter name of
+            this object is stored as ``"<space>|<name>"``. ``None``: names as given.
         max_value_bytes: the largest encoded field value.
     """
 
-    def __init__(self, backend: Backend, *, max_value_bytes: int = DEFAULT_MAX_BYTES) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        *,
+        space: str | None = None,
+        max_value_bytes: int = DEFAULT_MAX_BYTES,
+    ) -> None:
         self.backend = backend
+        self.space = None if space is None else _guards.record_key(space)
         self._limit = check.integer(max_value_bytes, "max_value_bytes", low=16, high=2**29)
         self._rand = random.Random()
         self._renewals = Renewals(self._renew, _lapsed)
@@ -225,9 +243,16 @@ class SharedState:
             raise LockLost(tuple(missing), "a renewal found them taken or expired")
 
     @classmethod
-    def connect(cls, url: str, *, max_value_bytes: int = DEFAULT_MAX_BYTES) -> SharedState:
-        """Shared state on the store at ``url``."""
-        return cls(connect(url), max_value_bytes=max_value_bytes)
+    def connect(
+        cls, url: str, *, space: str | None = None, max_value_bytes: int = DEFAULT_MAX_BYTES
+    ) -> SharedState:
+        """Shared state on the store at ``url`` (in ``space``, if given)."""
+        return cls(connect(url), space=space, max_value_bytes=max_value_bytes)
+
+    def _key(self, name: object) -> str:
+        """A record key or counter name as the store keeps it (qualified by the space)."""
+        name = _guards.record_key(name)
+        return name if self.space is None else f"{self.space}|{name}"
 
     def close(self) -> None:
         """Stop renewing and release the store's connections."""
@@ -283,8 +308,13 @@ class SharedState:
         return RecordWrite(fields, replace, expected_version, guard_field, allowed, fence)
 
     def get(self, key: str) -> Versioned:
-        """A record's value and version (``Versioned({}, 0)`` if it does not exist)."""
-        return _versioned(self.backend.get_record(_guards.record_key(key)))
+        """A record's value and version (``Versioned({}, 0)`` if it does not exist); inside a
+        :meth:`plan` block, the plan records the version read."""
+        got = _versioned(self.backend.get_record(self._key(key)))
+        plan = current_plan(self)
+        if plan is not None:
+            plan._saw("record", _guards.record_key(key), got.version)
+        return got
 
     def compare_and_set(
         self,
@@ -303,7 +333,7 @@ class SharedState:
             TransitionRefused: ``machine`` forbids the move of its state field.
             FencedOff: ``fence`` is older than one the record has seen.
         """
-        key = _guards.record_key(key)
+        key = self._key(key)
         write = self._write(
             key,
             self._fields(key, value),
@@ -326,7 +356,7 @@ class SharedState:
     ) -> int:
         """Set one field, leaving the others as they are (creating the record if needed), in
         one atomic step; returns the new version. Raises as :meth:`compare_and_set`."""
-        key = _guards.record_key(key)
+        key = self._key(key)
         write = self._write(
             key,
             self._fields(key, {_guards.field_name(field): value}),
@@ -375,7 +405,7 @@ class SharedState:
     def delete(self, key: str, expected_version: int, *, fence: int | None = None) -> int:
         """Empty a record at ``expected_version``; its version keeps rising (so a stale
         compare-and-set can never succeed on a re-created record). Returns the new version."""
-        key = _guards.record_key(key)
+        key = self._key(key)
         write = self._write(
             key, {}, replace=True, expected_version=expected_version, machine=None, fence=fence
         )
@@ -384,8 +414,22 @@ class SharedState:
     # -- bounded counters -----------------------------------------------------------------------
 
     def counter(self, name: str) -> int:
-        """A counter's value (0 if never used)."""
-        return self.backend.get_counter(_guards.record_key(name))
+        """A counter's value (0 if never used); inside a :meth:`plan` block, the plan records
+        the counter's version."""
+        if current_plan(self) is None:
+            return self.backend.get_counter(self._key(name))
+        return (self.counter_version(name))[0]
+
+    def counter_version(self, name: str) -> tuple[int, int]:
+        """A counter's value and version, read together (``(0, 0)`` if never used). The
+        version rises with every change of the value, so an equal version means no change in
+        between, even if the value went away and came back; inside a :meth:`plan` block, the
+        plan records it."""
+        value, version = self.backend.get_counter_version(self._key(name))
+        plan = current_plan(self)
+        if plan is not None:
+            plan._saw("counter", _guards.record_key(name), version)
+        return value, version
 
     def reserve(self, name: str, n: int = 1, *, limit: int) -> int:
         """Take ``n`` units of a capacity that may not pass ``limit``; returns the new count.
@@ -398,12 +442,12 @@ class SharedState:
         """
         n = _amount(n, "n", low=1)
         high = _amount(limit, "limit")
-        return self.backend.add_counter(_guards.record_key(name), n, _FLOOR, high)
+        return self.backend.add_counter(self._key(name), n, _FLOOR, high)
 
     def release(self, name: str, n: int = 1) -> int:
         """Give back ``n`` units taken with :meth:`reserve` (never below 0)."""
         n = _amount(n, "n", low=1)
-        return self.backend.add_counter(_guards.record_key(name), -n, 0, _CEILING)
+        return self.backend.add_counter(self._key(name), -n, 0, _CEILING)
 
     def take(self, name: str, n: int = 1, *, minimum: int) -> int:
         """Remove ``n`` from a count that must stay at least ``minimum`` ("at least one
@@ -414,7 +458,7 @@ class SharedState:
         """
         n = _amount(n, "n", low=1)
         low = _amount(minimum, "minimum")
-        return self.backend.add_counter(_guards.record_key(name), -n, low, _CEILING)
+        return self.backend.add_counter(self._key(name), -n, low, _CEILING)
 
     def add(self, name: str, n: int = 1) -> int:
         """Add ``n`` (may be negative) with no bound but the counters' range; returns the new
@@ -425,7 +469,7 @@ class SharedState:
                 :meth:`reserve`); nothing changed.
         """
         n = _amount(n, "n")
-        return self.backend.add_counter(_guards.record_key(name), n, _FLOOR, _CEILING)
+        return self.backend.add_counter(self._key(name), n, _FLOOR, _CEILING)
 
     def hold(self, name: str, n: int = 1, *, limit: int, ttl: float = 30.0) -> CounterHold:
         """Hold ``n`` units of a capacity that may not pass ``limit`` (the same counter and
@@ -448,9 +492,51 @@ class SharedState:
         """
         n = _amount(n, "n", low=1)
         limit = _amount(limit, "limit")
-        return CounterHold(
-            self, _guards.record_key(name), n, limit, check.duration(ttl, "ttl")
-        )
+        return CounterHold(self, self._key(name), n, limit, check.duration(ttl, "ttl"))
+
+    # -- plans (approval gates) -----------------------------------------------------------------
+
+    def plan(
+        self, step: str, *, expires_in: float | None = None, keep_for: float = DEFAULT_KEEP_FOR
+    ) -> Plan:
+        """A plan for ``step``: use as ``with state.plan(step="refund-42") as plan:``.
+
+        Inside the block, every read through this object (in this task) is recorded, and the
+        writes declared on ``plan`` are kept for the approval; :meth:`Plan.seal` gives
+        the plan as JSON, :meth:`Plan.act` or :meth:`act` (anywhere, later) acts on it.
+
+        Args:
+            step: what the plan is for (1 to 200 characters), kept in the plan.
+            expires_in: seconds after which it can no longer be approved (on the store's
+                clock); ``None``: never.
+            keep_for: how long the store keeps its receipt (approving twice acts once within
+                it); 30 days by default.
+        """
+        if not isinstance(step, str) or not 0 < len(step) <= 200:
+            raise InvalidInput("step must be a str of 1 to 200 characters")
+        if expires_in is not None:
+            expires_in = check.duration(expires_in, "expires_in")
+        return Plan(self, step, expires_in, check.duration(keep_for, "keep_for"))
+
+    def act(self, plan_json: str, *, approved_by: str) -> PlanReceipt:
+        """Approve a sealed plan (:meth:`Plan.seal`, maybe from another process, hours
+        ago): in one atomic step on the store, compare every version it read with the current
+        one and, if none moved, apply every write it declared. Approving twice acts once.
+
+        Returns:
+            The receipt: who approved and when (the store's clock), each write's version;
+            ``first`` is false when the plan had been acted on already (the kept receipt).
+
+        Raises:
+            StalePlan: something it read has moved; nothing was written. ``stale`` names each
+                key with the version read and the version now.
+            PlanExpired: past its ``expires_in``; nothing was written.
+            PlanRefused: not a plan sealed by this store (edited, truncated, or another
+                store's), or ``approved_by`` is empty; nothing was read or written.
+            ConflictError, TransitionRefused, FencedOff, LimitReached: a declared write's own
+                guard refused it; nothing of the plan was written.
+        """
+        return act_sealed(self, plan_json, approved_by)
 
     # -- lock sets ------------------------------------------------------------------------------
 

@@ -4,18 +4,35 @@ holds), lock sets; retry budgets and circuit breakers (their steps are those of 
 Every method is called with the backend's lock held and the store's ``now``, so each one is one
 atomic step. Expired locks, and each counter's expired holds, are found through a heap by expiry
 (lazy deletion), so sweeping never looks at live ones.
+
+Plans: every counter has a version (``counter_versions``) that each change of its value raises,
+holds and the giving back of expired holds included. ``act_plan`` checks a plan's reads and
+stages its writes on copies (each guarded as its own step would be) before applying any, so a
+refusal leaves nothing written; receipts are kept by plan id with a heap by ``purge_at`` that
+``purge`` drains in its batch. The store's plan secret is drawn once, when the tables are made.
 """
 
 from __future__ import annotations
 
 import heapq
+import os
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from agentlease._policy.writes import applied, check_write
-from agentlease._records import BreakerState, BudgetState, LockBusy, RecordWrite, StateRecord
+from agentlease._records import (
+    BreakerState,
+    BudgetState,
+    LockBusy,
+    PlanRead,
+    PlanReceipt,
+    PlanWrite,
+    RecordWrite,
+    StaleRead,
+    StateRecord,
+)
 from agentlease.backends._budgets import (
     BreakerRow,
     BudgetRow,
@@ -24,7 +41,7 @@ from agentlease.backends._budgets import (
     live,
     record_step,
 )
-from agentlease.errors import LimitReached
+from agentlease.errors import LimitReached, PlanExpired, PlanRefused
 
 __all__ = ["MemoryState", "StateTables"]
 
@@ -60,6 +77,15 @@ class StateTables:
     expiries: list[tuple[float, str]] = field(default_factory=list)
     holds: dict[str, _Holds] = field(default_factory=dict)
     lapses: list[tuple[float, bool, str]] = field(default_factory=list)  # (expiry, breaker?, key)
+    counter_versions: dict[str, int] = field(default_factory=dict)
+    receipts: dict[str, tuple[PlanReceipt, float]] = field(default_factory=dict)  # id -> purge_at
+    receipt_lapses: list[tuple[float, str]] = field(default_factory=list)
+    secret: bytes = field(default_factory=lambda: os.urandom(32))
+
+    def _set_counter(self, name: str, value: int) -> None:
+        """Store a counter's new value and raise its version (the one way a value changes)."""
+        self.counters[name] = value
+        self.counter_versions[name] = self.counter_versions.get(name, 0) + 1
 
     def write_record(self, key: str, write: RecordWrite, now: float) -> StateRecord:
         current = self.records.get(key)
@@ -77,7 +103,7 @@ class StateTables:
                 hold = holds.live.get(token)
                 if hold is not None and hold[1] == expires_at:
                     del holds.live[token]
-                    self.counters[name] = self.counters.get(name, 0) - hold[0]
+                    self._set_counter(name, self.counters.get(name, 0) - hold[0])
             if not holds.live:
                 del self.holds[name]
         return self.counters.get(name, 0)
@@ -89,7 +115,7 @@ class StateTables:
         new = value + delta
         if (low is not None and new < low) or (high is not None and new > high):
             raise LimitReached(name, value, delta, low, high)
-        self.counters[name] = new
+        self._set_counter(name, new)
         return new
 
     def hold(self, name: str, token: str, units: int, high: int, ttl: float, now: float) -> int:
@@ -102,7 +128,7 @@ class StateTables:
             if not holds.live:
                 del self.holds[name]
             raise LimitReached(name, value, units, None, high)
-        self.counters[name] = new
+        self._set_counter(name, new)
         holds.live[token] = (units, now + ttl)
         heapq.heappush(holds.expiries, (now + ttl, token))
         return new
@@ -127,7 +153,7 @@ class StateTables:
         units, _ = holds.live.pop(token)
         kept = 0 if not commit else units if settle is None else settle  # taken for good
         if kept != units:
-            self.counters[name] = self.counters.get(name, 0) - units + kept
+            self._set_counter(name, self.counters.get(name, 0) - units + kept)
         if not holds.live:
             del self.holds[name]
         return True
@@ -249,7 +275,80 @@ class StateTables:
             purged[breaker] += 1
         for entry in later:
             heapq.heappush(self.lapses, entry)
-        return purged[False] + purged[True]
+        receipts = 0
+        while self.receipt_lapses and self.receipt_lapses[0][0] <= now and receipts < limit:
+            purge_at, plan_id = heapq.heappop(self.receipt_lapses)
+            kept = self.receipts.get(plan_id)
+            if kept is not None and kept[1] == purge_at:
+                del self.receipts[plan_id]
+                receipts += 1
+        return purged[False] + purged[True] + receipts
+
+    def counter_version(self, name: str, now: float) -> tuple[int, int]:
+        value = self.counter(name, now)
+        return value, self.counter_versions.get(name, 0)
+
+    def act_plan(
+        self,
+        plan_id: str,
+        reads: Sequence[PlanRead],
+        writes: Sequence[PlanWrite],
+        approved_by: str,
+        keep_for: float,
+        not_after: float | None,
+        now: float,
+    ) -> PlanReceipt | list[StaleRead]:
+        kept = self.receipts.get(plan_id)
+        if kept is not None and kept[1] > now:
+            receipt = kept[0]
+            return PlanReceipt(
+                receipt.plan_id, False, receipt.approved_by, receipt.approved_at, receipt.versions
+            )
+        if not_after is not None and not_after <= now:
+            raise PlanExpired(plan_id, not_after, now)
+        stale: list[StaleRead] = []
+        for read in reads:
+            if read.kind == "pin":
+                raise PlanRefused("this store has no tables of yours to pin", plan_id=plan_id)
+            if read.kind == "record":
+                record = self.records.get(read.key)
+                current = 0 if record is None else record.version
+            else:
+                current = self.counter_version(read.key, now)[1]
+            if current != read.version:
+                stale.append(StaleRead(read.kind, read.key, read.version, current))
+        if stale:
+            return stale
+        # Stage every write on copies, each guarded as its own step; apply none until all pass.
+        records: dict[str, StateRecord] = {}
+        counters: dict[str, tuple[int, int]] = {}  # name -> (value, version)
+        versions: list[int] = []
+        for write in writes:
+            if write.kind == "record":
+                assert write.record is not None
+                current_record = records.get(write.key, self.records.get(write.key))
+                check_write(write.key, current_record, write.record)
+                staged = applied(write.key, current_record, write.record, now)
+                records[write.key] = staged
+                versions.append(staged.version)
+            else:
+                value, version = counters.get(write.key) or self.counter_version(write.key, now)
+                new = value + write.delta
+                if (write.low is not None and new < write.low) or (
+                    write.high is not None and new > write.high
+                ):
+                    raise LimitReached(write.key, value, write.delta, write.low, write.high)
+                counters[write.key] = (new, version + 1)
+                versions.append(version + 1)
+        self.records.update(records)
+        for name, (value, version) in counters.items():
+            self.counters[name] = value
+            self.counter_versions[name] = version
+        receipt = PlanReceipt(plan_id, True, approved_by, now, tuple(versions))
+        purge_at = now + keep_for
+        self.receipts[plan_id] = (receipt, purge_at)
+        heapq.heappush(self.receipt_lapses, (purge_at, plan_id))
+        return receipt
 
     def sweep(self, limit: int, now: float) -> int:
         swept = 0
@@ -344,3 +443,30 @@ class MemoryState:
         with self._lock:
             now = self._clock()
             return self._state.breaker_record(key, fence, ok, threshold, cooldown, ttl, now)
+
+    # -- plans (approval gates): see backends/base.py ---------------------------------------------
+
+    plan_pins = False
+
+    def get_counter_version(self, name: str) -> tuple[int, int]:
+        with self._lock:
+            return self._state.counter_version(name, self._clock())
+
+    def plan_secret(self) -> bytes:
+        with self._lock:
+            return self._state.secret
+
+    def act_plan(
+        self,
+        plan_id: str,
+        reads: Sequence[PlanRead],
+        writes: Sequence[PlanWrite],
+        approved_by: str,
+        keep_for: float,
+        not_after: float | None,
+    ) -> PlanReceipt | list[StaleRead]:
+        with self._lock:
+            now = self._clock()
+            return self._state.act_plan(
+                plan_id, reads, writes, approved_by, keep_for, not_after, now
+            )

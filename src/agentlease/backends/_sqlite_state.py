@@ -14,6 +14,15 @@ both, oldest first, in one ``BEGIN IMMEDIATE`` transaction. Records, counters an
 never deleted (see ``Backend.purge_state``); expired counter holds are deleted by every step on
 their counter, and ``sweep_locks`` frees expired leases, so neither accumulates.
 
+Plans (schema version 11): every counter has a ``version`` that ``counter_set`` (the one
+statement that changes a value) raises. ``act_plan`` is one ``BEGIN IMMEDIATE`` transaction: the
+receipt, the deadline, every read (a pin is a ``SELECT`` of the version column of the user's own
+table in this file, its identifiers checked by :mod:`agentlease._pins`), then every write as its
+own step would make it; a refusal rolls the whole transaction back. Receipts
+(``agentlease_plan_receipts``) are deleted past ``purge_at`` by ``purge_state``, in its batch;
+the plan secret is one row of ``agentlease_plan_secret``, ``INSERT OR IGNORE`` then ``SELECT`` in
+one transaction, so racing first callers agree.
+
 Atomicity: ``write_record``, ``add_counter``, ``hold_counter``, ``release_hold``,
 ``commit_hold`` and ``acquire_locks`` are one ``BEGIN IMMEDIATE`` transaction each, which holds
 the write lock from the read that decides to the write, so they decide in Python between the two
@@ -36,6 +45,7 @@ trial and the others find it taken).
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import time
 from collections.abc import Sequence
@@ -44,8 +54,19 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from agentlease._pins import parse_pin
 from agentlease._policy.writes import applied, check_write
-from agentlease._records import BreakerState, BudgetState, LockBusy, RecordWrite, StateRecord
+from agentlease._records import (
+    BreakerState,
+    BudgetState,
+    LockBusy,
+    PlanRead,
+    PlanReceipt,
+    PlanWrite,
+    RecordWrite,
+    StaleRead,
+    StateRecord,
+)
 from agentlease.backends._budgets import (
     BreakerRow,
     BudgetRow,
@@ -55,7 +76,7 @@ from agentlease.backends._budgets import (
     record_step,
 )
 from agentlease.backends._sqlfile import queries
-from agentlease.errors import LimitReached
+from agentlease.errors import LimitReached, PlanExpired, PlanRefused
 
 __all__ = ["SQLiteState"]
 
@@ -80,6 +101,51 @@ def _swept(db: sqlite3.Connection, name: str, now: float) -> int:
     if expired:
         value -= expired
         db.execute(Q["counter_set"], {"name": name, "value": value})
+    return value
+
+
+def _write_record(db: sqlite3.Connection, key: str, write: RecordWrite, now: float) -> StateRecord:
+    """Write a record inside the caller's ``BEGIN IMMEDIATE`` transaction: read, check, write."""
+    current = _record(key, db.execute(Q["record_get"], {"key": key}).fetchall())
+    check_write(key, current, write)  # a refusal rolls back, and nothing was written
+    record = applied(key, current, write, now)
+    params = {"key": key, "version": record.version, "fence": record.fence, "now": now}
+    # The record was read under the write lock: what exists, and which fields, is known,
+    # so each statement is the plain one (an UPDATE where the row is there).
+    db.execute(Q["record_put" if current is None else "record_bump"], params)
+    had = {} if current is None else current.fields
+    if write.replace and had:
+        dropped = [f for f in had if f not in write.fields]
+        if dropped:
+            db.execute(Q["record_drop_fields"], {"key": key, "fields": _names(dropped)})
+    for f, v in write.fields.items():
+        name = "record_update_field" if f in had else "record_set_field"
+        db.execute(Q[name], {"key": key, "field": f, "value": v})
+    return record
+
+
+def _counter_version(db: sqlite3.Connection, name: str) -> int:
+    row = db.execute(Q["counter_version"], {"name": name}).fetchone()
+    return 0 if row is None else int(row[0])
+
+
+def _pinned(db: sqlite3.Connection, key: str, plan_id: str) -> int:
+    """The version column of a pinned row of the user's table (0: no such row)."""
+    names, where, column = parse_pin(key)
+    table = ".".join(f'"{n}"' for n in names)
+    match = " AND ".join(f'"{c}" = ?' for c, _ in where)
+    sql = f'SELECT "{column}" FROM {table} WHERE {match}'  # identifiers checked by parse_pin
+    try:
+        rows = db.execute(sql, [v for _, v in where]).fetchmany(2)
+    except sqlite3.OperationalError as exc:
+        raise PlanRefused(f"pin {key}: {exc}", plan_id=plan_id) from None
+    if not rows:
+        return 0
+    if len(rows) > 1:
+        raise PlanRefused(f"pin {key}: its where matches more than one row", plan_id=plan_id)
+    value = rows[0][0]
+    if type(value) is not int:
+        raise PlanRefused(f"pin {key}: its version column is not an integer", plan_id=plan_id)
     return value
 
 
@@ -132,23 +198,7 @@ class SQLiteState:
 
     def write_record(self, key: str, write: RecordWrite) -> StateRecord:
         with self._step(write=True) as db:  # the write lock is held from the read to the write
-            now = time.time()
-            current = _record(key, db.execute(Q["record_get"], {"key": key}).fetchall())
-            check_write(key, current, write)  # a refusal rolls back, and nothing was written
-            record = applied(key, current, write, now)
-            params = {"key": key, "version": record.version, "fence": record.fence, "now": now}
-            # The record was read under the write lock: what exists, and which fields, is known,
-            # so each statement is the plain one (an UPDATE where the row is there).
-            db.execute(Q["record_put" if current is None else "record_bump"], params)
-            had = {} if current is None else current.fields
-            if write.replace and had:
-                dropped = [f for f in had if f not in write.fields]
-                if dropped:
-                    db.execute(Q["record_drop_fields"], {"key": key, "fields": _names(dropped)})
-            for f, v in write.fields.items():
-                name = "record_update_field" if f in had else "record_set_field"
-                db.execute(Q[name], {"key": key, "field": f, "value": v})
-        return record
+            return _write_record(db, key, write, time.time())
 
     # -- bounded counters -----------------------------------------------------------------------
 
@@ -274,6 +324,7 @@ class SQLiteState:
             return int(
                 db.execute(Q["budget_purge"], params).rowcount
                 + db.execute(Q["breaker_purge"], params).rowcount
+                + db.execute(Q["plan_receipt_purge"], params).rowcount
             )
 
     def retry_budget(
@@ -316,3 +367,73 @@ class SQLiteState:
             if row is not None:
                 _put_breaker(db, key, row)
         return state
+
+    # -- plans (approval gates): see backends/base.py ---------------------------------------------
+
+    plan_pins = True
+
+    def get_counter_version(self, name: str) -> tuple[int, int]:
+        # Expired holds are given back first (which moves the version), as any step would.
+        with self._step(write=True) as db:
+            return _swept(db, name, time.time()), _counter_version(db, name)
+
+    def plan_secret(self) -> bytes:
+        with self._step(write=True) as db:  # first writer wins; every caller reads the one row
+            db.execute(Q["plan_secret_make"], {"secret": os.urandom(32)})
+            (secret,) = db.execute(Q["plan_secret_get"]).fetchone()
+        return bytes(secret)
+
+    def act_plan(
+        self,
+        plan_id: str,
+        reads: Sequence[PlanRead],
+        writes: Sequence[PlanWrite],
+        approved_by: str,
+        keep_for: float,
+        not_after: float | None,
+    ) -> PlanReceipt | list[StaleRead]:
+        with self._step(write=True) as db:  # one transaction: any refusal rolls it all back
+            now = time.time()
+            kept = db.execute(Q["plan_receipt_get"], {"id": plan_id, "now": now}).fetchone()
+            if kept is not None:
+                versions = tuple(int(v) for v in orjson.loads(kept[2]))
+                return PlanReceipt(plan_id, False, kept[0], float(kept[1]), versions)
+            if not_after is not None and not_after <= now:
+                raise PlanExpired(plan_id, not_after, now)
+            stale: list[StaleRead] = []
+            for read in reads:
+                if read.kind == "record":
+                    row = db.execute(Q["record_version"], {"key": read.key}).fetchone()
+                    current = 0 if row is None else int(row[0])
+                elif read.kind == "counter":
+                    _swept(db, read.key, now)
+                    current = _counter_version(db, read.key)
+                else:
+                    current = _pinned(db, read.key, plan_id)
+                if current != read.version:
+                    stale.append(StaleRead(read.kind, read.key, read.version, current))
+            if stale:
+                return stale
+            made: list[int] = []
+            for write in writes:
+                if write.kind == "record":
+                    assert write.record is not None
+                    made.append(_write_record(db, write.key, write.record, now).version)
+                    continue
+                value = _swept(db, write.key, now)
+                new = value + write.delta
+                if (write.low is not None and new < write.low) or (
+                    write.high is not None and new > write.high
+                ):
+                    raise LimitReached(write.key, value, write.delta, write.low, write.high)
+                db.execute(Q["counter_set"], {"name": write.key, "value": new})
+                made.append(_counter_version(db, write.key))
+            params = {
+                "id": plan_id,
+                "approved_by": approved_by,
+                "approved_at": now,
+                "versions": orjson.dumps(made).decode(),
+                "purge_at": now + keep_for,
+            }
+            db.execute(Q["plan_receipt_put"], params)
+        return PlanReceipt(plan_id, True, approved_by, now, tuple(made))

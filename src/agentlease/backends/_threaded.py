@@ -30,9 +30,13 @@ from agentlease._records import (
     ListedState,
     LockBusy,
     NewTask,
+    PlanRead,
+    PlanReceipt,
+    PlanWrite,
     QueueStats,
     Reaped,
     RecordWrite,
+    StaleRead,
     StateRecord,
     Task,
     WorkerInfo,
@@ -191,6 +195,29 @@ class ThreadedAsyncBackend:
 
     async def get_counter(self, name: str) -> int:
         return await self._run(self._sync.get_counter, name)
+
+    async def get_counter_version(self, name: str) -> tuple[int, int]:
+        return await self._run(self._sync.get_counter_version, name)
+
+    @property
+    def plan_pins(self) -> bool:
+        return self._sync.plan_pins
+
+    async def plan_secret(self) -> bytes:
+        return await self._run(self._sync.plan_secret)
+
+    async def act_plan(
+        self,
+        plan_id: str,
+        reads: Sequence[PlanRead],
+        writes: Sequence[PlanWrite],
+        approved_by: str,
+        keep_for: float,
+        not_after: float | None,
+    ) -> PlanReceipt | list[StaleRead]:
+        return await self._run(
+            self._sync.act_plan, plan_id, reads, writes, approved_by, keep_for, not_after
+        )
 
     async def hold_counter(self, name: str, token: str, units: int, high: int, ttl: float) -> int:
         return await self._run(self._sync.hold_counter, name, token, units, high, ttl)

@@ -108,9 +108,13 @@ from agentlease._records import (
     ListedState,
     LockBusy,
     NewTask,
+    PlanRead,
+    PlanReceipt,
+    PlanWrite,
     QueueStats,
     Reaped,
     RecordWrite,
+    StaleRead,
     StateRecord,
     Task,
     WorkerInfo,
@@ -381,6 +385,14 @@ class Backend(Protocol):
         """
         ...
 
+    def get_counter_version(self, name: str) -> tuple[int, int]:
+        """A counter's value and version, read in one step: ``(0, 0)`` if it was never
+        written. A counter's version rises by one with every step that changes its stored value
+        (``add_counter``, ``hold_counter``, ``release_hold``, ``commit_hold`` when it gives
+        units back, and giving back the units of expired holds), so two reads at one version
+        saw one value, whatever happened between them (no ABA)."""
+        ...
+
     def extend_hold(self, name: str, token: str, ttl: float) -> bool:
         """Renew a live hold to ``now + ttl``, in one atomic step; ``False`` (and nothing
         changed) if ``token`` holds nothing of the counter: it ran out, or was released or
@@ -452,6 +464,51 @@ class Backend(Protocol):
         or key per name, so they grow with the number of names an application uses, never with
         how often it uses them. A counter's holds are deleted by the steps on the counter once
         they run out; idempotency keys by ``purge_keys``.
+        """
+        ...
+
+    # -- plans (approval gates) ------------------------------------------------------------------
+
+    @property
+    def plan_pins(self) -> bool:
+        """Whether ``act_plan`` can check a ``pin`` (a row of the user's own table in the
+        store's own database: SQLite and PostgreSQL); elsewhere a pin is refused above the
+        seam."""
+        ...
+
+    def plan_secret(self) -> bytes:
+        """The store's key for the MACs of plans: 32 random bytes, made by the first caller
+        (first writer wins, in one atomic step) and the same for every client after it."""
+        ...
+
+    def act_plan(
+        self,
+        plan_id: str,
+        reads: Sequence[PlanRead],
+        writes: Sequence[PlanWrite],
+        approved_by: str,
+        keep_for: float,
+        not_after: float | None,
+    ) -> PlanReceipt | list[StaleRead]:
+        """Act on a plan, all or nothing, in one atomic step, in this order:
+
+        1. a plan already acted on (a receipt kept under ``plan_id``): return that receipt with
+           ``first=False``; nothing else is checked or written (approving twice acts once);
+        2. ``not_after`` (seconds since the epoch) at or before the store's clock: raise
+           :class:`~agentlease.errors.PlanExpired`; nothing written;
+        3. every read compared with its current version (a record's version, a counter's
+           version as ``get_counter_version``, a pinned row's version column; absent: 0): if
+           any differs, return every one that differs, in order, and write nothing;
+        4. the writes, in order, each with its own guards (a record write as ``write_record``:
+           fence, expected version, transition; a counter step as ``add_counter``: ``low`` and
+           ``high``): the first refusal raises its error (FencedOff, ConflictError,
+           TransitionRefused, LimitReached) and nothing of the plan is written;
+        5. keep the receipt (``approved_by``, the store's time, each write's resulting version)
+           under ``plan_id`` for ``keep_for`` seconds, and return it with ``first=True``.
+
+        ``purge_state`` deletes receipts past ``keep_for`` (a store with TTLs lets them
+        expire). A pin names a table, ``where`` columns and a version column, all checked
+        identifiers; a store without pins (``plan_pins`` false) raises PlanRefused on one.
         """
         ...
 
@@ -570,6 +627,7 @@ class AsyncBackend(Protocol):
         self, name: str, delta: int, low: int | None, high: int | None
     ) -> int: ...
     async def get_counter(self, name: str) -> int: ...
+    async def get_counter_version(self, name: str) -> tuple[int, int]: ...
     async def hold_counter(
         self, name: str, token: str, units: int, high: int, ttl: float
     ) -> int: ...
@@ -584,6 +642,19 @@ class AsyncBackend(Protocol):
     async def lock_holders(self, names: Sequence[str]) -> list[tuple[str, float] | None]: ...
     async def sweep_locks(self, limit: int) -> int: ...
     async def purge_state(self, limit: int) -> int: ...
+
+    @property
+    def plan_pins(self) -> bool: ...
+    async def plan_secret(self) -> bytes: ...
+    async def act_plan(
+        self,
+        plan_id: str,
+        reads: Sequence[PlanRead],
+        writes: Sequence[PlanWrite],
+        approved_by: str,
+        keep_for: float,
+        not_after: float | None,
+    ) -> PlanReceipt | list[StaleRead]: ...
     async def retry_budget(
         self, key: str, calls: int, retry: bool, ratio: float, minimum: int, ttl: float
     ) -> BudgetState: ...

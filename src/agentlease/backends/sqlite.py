@@ -106,7 +106,9 @@ Q = queries("agentlease.backends.sql", "sqlite.sql")
 # triggers that write the history. Version 9 adds the index of done tasks by finished time,
 # which the schema creates over the rows already there (it needs no step of its own), and
 # indexes of budgets and breakers by expiry; listings read the partial indexes of their state.
-SCHEMA_VERSION = 10
+# 11: plans: each counter's version (a column, 0 for the counters already there), the receipts of
+# plans acted on and the store's plan secret (tables).
+SCHEMA_VERSION = 11
 
 
 _ADD_COLUMN = re.compile(r"ALTER TABLE (\w+) ADD COLUMN (\w+)")
@@ -290,13 +292,14 @@ class SQLiteBackend(SQLiteKeys, SQLiteState):
 
     def _has_column(self, statement: str) -> bool:
         """Whether ``statement`` adds a column the table already has (an upgrade step run on a
-        database that has it, as a copy rolled back by hand may): it is skipped then."""
+        database that has it, as a copy rolled back by hand may), or a column of a table the
+        database does not have yet (the schema creates it whole): it is skipped then."""
         added = _ADD_COLUMN.search(statement)
         if added is None:
             return False
         table, column = added.groups()
         columns = self._db.execute(f"PRAGMA table_info({table})").fetchall()
-        return any(row[1] == column for row in columns)
+        return not columns or any(row[1] == column for row in columns)
 
     def _step(self, *, write: bool) -> _Step:
         return _Step(self, write)

@@ -42,6 +42,8 @@ connection in autocommit mode, so each is its own transaction and one round trip
   :mod:`.postgres_keys`; results and errors are ``bytea``, kept as the client's bytes.
 * versioned records, bounded counters and lock sets (migration ``0003_state``) are one function
   call or statement each, in :mod:`.postgres_state`.
+* plans (migration ``0012_plans``): acting on one is one call of ``agentlease_act_plan()``, in
+  :mod:`.postgres_state`; counters carry a version.
 
 Concurrent claims never wait on each other (SKIP LOCKED); a holder's write and a reaper meet on
 the row lock, and the loser re-checks the row and finds it has moved on. All times come from

@@ -37,13 +37,30 @@ one round trip (but a busy set of one lock: two), each atomic under READ COMMITT
   Their healthy paths are one plain read; a step that may write locks the row and decides again
   on what it holds.
 
+* plans (``0012_plans.sql``): ``act_plan`` is one call of ``agentlease_act_plan()``, which
+  takes the plan's advisory lock (approvals of one plan queue; the receipt answers all but the
+  first), checks the deadline on the store's clock, locks every record (an absent one by a
+  stand-in row at version 0, deleted before commit) and then every counter the plan touches, in
+  code point order, compares each read (a pin: the user's row ``FOR SHARE``), applies the writes
+  through ``agentlease_write_record`` and ``agentlease_add_counter``, and keeps the receipt; a
+  refusal rolls all of it back and comes back as one row, raised here as the typed error. A
+  pin's identifiers are checked here before any I/O and quoted by the function (``%I``), its
+  values passed as literals (``%L``) that the column's type reads; a table named without its
+  schema is looked up by the connection's search_path, the store's schema alone.
+  ``get_counter_version`` is one read (the holds that ran out count as given back);
+  ``plan_secret`` one call of ``agentlease_secret()`` with 32 random bytes drawn here, which
+  the first caller stores.
+
 Field values are ``bytea``, sent as memoryviews (the pool's connections send ``bytes`` as json).
 """
 
 from __future__ import annotations
 
+import json
+import math
+import secrets
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, LiteralString
+from typing import TYPE_CHECKING, Any, Literal, LiteralString
 
 from agentlease._policy.writes import check_write
 from agentlease._records import (
@@ -51,11 +68,16 @@ from agentlease._records import (
     BreakerStatus,
     BudgetState,
     LockBusy,
+    PlanRead,
+    PlanReceipt,
+    PlanWrite,
     RecordWrite,
+    StaleRead,
     StateRecord,
 )
+from agentlease._versioned_sql import _bindable, _ident
 from agentlease.backends._postgres_driver import Q
-from agentlease.errors import BackendError, LimitReached
+from agentlease.errors import BackendError, InvalidName, LimitReached, PlanExpired, PlanRefused
 
 __all__ = ["PostgresState"]
 
@@ -92,6 +114,120 @@ def _missing(names: Sequence[str], rows: list[Row]) -> list[str]:
     """The names of the set that the call did not touch (it returned the others)."""
     touched = {name for (name,) in rows}
     return [name for name in names if name not in touched]
+
+
+_KINDS: dict[str, Literal["record", "counter", "pin"]] = {
+    "record": "record",
+    "counter": "counter",
+    "pin": "pin",
+}
+
+
+def _stale(kind: str, key: str, read: int, now: int) -> StaleRead:
+    return StaleRead(_KINDS[kind], key, int(read), int(now))
+
+
+def _pin_value(value: object, key: str) -> str | None:
+    """A pin's ``where`` value as the text of an SQL literal (the column's type reads it)."""
+    _bindable(value)
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float) and math.isfinite(value):
+        return repr(value)
+    raise PlanRefused(f"pin {key}: {value!r} is not a value a where can match")
+
+
+def _pin(key: str) -> dict[str, Any]:
+    """A pin's key (canonical JSON of table, where and column) as ``agentlease_act_plan`` takes
+    it, every identifier checked as ``versioned_update`` checks them: nothing reaches the store
+    otherwise. ``table`` may name its schema (``schema.table``); without one, the table is
+    looked up by the connection's search_path, which is the store's schema alone."""
+    try:
+        pin = json.loads(key)
+    except ValueError:
+        raise PlanRefused(f"pin {key!r} is not JSON") from None
+    if not isinstance(pin, dict) or set(pin) != {"table", "where", "column"}:
+        raise PlanRefused(f"pin {key!r} is not {{table, where, column}}")
+    table, where = pin["table"], pin["where"]
+    if not isinstance(table, str) or not isinstance(where, dict) or not where:
+        raise PlanRefused(f"pin {key!r}: a table and a non-empty where are needed")
+    parts = table.split(".")
+    if not 1 <= len(parts) <= 2:
+        raise InvalidName(f"table {table!r} is not [schema.]table")
+    names = [_ident(part, "table") for part in parts]
+    return {
+        "schema": names[0] if len(names) == 2 else None,
+        "table": names[-1],
+        "column": _ident(pin["column"], "column"),
+        "where": [[_ident(c, "column"), _pin_value(v, key)] for c, v in where.items()],
+    }
+
+
+def _plan_params(
+    plan_id: str,
+    reads: Sequence[PlanRead],
+    writes: Sequence[PlanWrite],
+    approved_by: str,
+    keep_for: float,
+    not_after: float | None,
+) -> dict[str, Any]:
+    """The parameters of ``plan_act``: reads and writes as aligned arrays (see
+    ``agentlease_act_plan`` in ``0012_plans.sql``). A malformed read or write is refused here,
+    before any I/O."""
+    for read in reads:
+        if read.kind not in _KINDS:
+            raise PlanRefused(f"a read of kind {read.kind!r}", plan_id=plan_id)
+    pins = [_pin(r.key) if r.kind == "pin" else None for r in reads]
+    params: dict[str, Any] = {
+        "id": plan_id,
+        "approved_by": approved_by,
+        "keep_for": float(keep_for),
+        "not_after": None if not_after is None else float(not_after),
+        "read_kinds": [r.kind for r in reads],
+        "read_keys": [r.key for r in reads],
+        "read_versions": [r.version for r in reads],
+        "pins": json.dumps(pins),
+        "write_kinds": [w.kind for w in writes],
+        "write_keys": [w.key for w in writes],
+    }
+    columns: dict[str, list[Any]] = {
+        name: []
+        for name in (
+            "replace", "expected", "guard", "allow_absent", "fence", "field_of", "field_names",
+            "field_values", "allowed_of", "allowed_values", "delta", "low", "high",
+        )
+    }  # fmt: skip
+    for index, write in enumerate(writes, 1):
+        record = write.record
+        if write.kind == "record" and record is not None:
+            columns["replace"].append(record.replace)
+            columns["expected"].append(record.expected_version)
+            columns["guard"].append(record.guard_field)
+            columns["allow_absent"].append(None in record.allowed_from)
+            columns["fence"].append(record.fence)
+            for field, value in record.fields.items():
+                columns["field_of"].append(index)
+                columns["field_names"].append(field)
+                columns["field_values"].append(memoryview(value))
+            for allowed in record.allowed_from:
+                if allowed is not None:
+                    columns["allowed_of"].append(index)
+                    columns["allowed_values"].append(memoryview(allowed))
+        elif write.kind == "counter":
+            for name in ("replace", "allow_absent"):
+                columns[name].append(False)
+            for name in ("expected", "guard", "fence"):
+                columns[name].append(None)
+        else:
+            raise PlanRefused(f"a {write.kind!r} write of {write.key!r}", plan_id=plan_id)
+        columns["delta"].append(write.delta)
+        columns["low"].append(write.low)
+        columns["high"].append(write.high)
+    return params | columns
 
 
 class PostgresState:
@@ -248,3 +384,48 @@ class PostgresState:
             "ttl": float(ttl),
         }
         return _breaker(self._fetch(Q["breaker_record"], params))
+
+    # -- plans (approval gates): see backends/base.py ---------------------------------------------
+
+    plan_pins = True
+
+    def get_counter_version(self, name: str) -> tuple[int, int]:
+        rows = self._fetch(Q["counter_version"], {"name": name})
+        return (int(rows[0][0]), int(rows[0][1])) if rows else (0, 0)
+
+    def plan_secret(self) -> bytes:
+        params = {"name": "plan", "candidate": memoryview(secrets.token_bytes(32))}
+        ((secret,),) = self._fetch(Q["secret"], params)
+        return bytes(secret)
+
+    def act_plan(
+        self,
+        plan_id: str,
+        reads: Sequence[PlanRead],
+        writes: Sequence[PlanWrite],
+        approved_by: str,
+        keep_for: float,
+        not_after: float | None,
+    ) -> PlanReceipt | list[StaleRead]:
+        params = _plan_params(plan_id, reads, writes, approved_by, keep_for, not_after)
+        ((outcome, by, at, versions, kinds, keys, read, now, index, *refused),) = self._fetch(
+            Q["plan_act"], params
+        )
+        if outcome in ("acted", "replay"):
+            return PlanReceipt(plan_id, outcome == "acted", by, float(at), tuple(versions))
+        if outcome == "stale":
+            return [_stale(*moved) for moved in zip(kinds, keys, read, now, strict=True)]
+        if outcome == "expired":
+            raise PlanExpired(plan_id, float(not_after or 0.0), float(at))
+        version, fence, updated_at, names, values, value, detail = refused
+        if outcome == "pin":
+            raise PlanRefused(str(detail), plan_id=plan_id)
+        write = writes[index - 1]
+        if outcome == "limit":
+            raise LimitReached(write.key, value, write.delta, write.low, write.high)
+        record = None
+        if version:  # a record at version 0 is the call's own stand-in for an absent one
+            record = _record(write.key, version, fence, updated_at, names, values)
+        if write.record is not None:
+            check_write(write.key, record, write.record)  # raises the refusal, typed
+        raise BackendError(f"PostgreSQL refused plan {plan_id!r} ({outcome}) unexplained")

@@ -9,10 +9,11 @@ never inside a script on another slot), and remembers the answer: no call after 
 a round trip for it.
 
 * Absent: the store is new, or was written before the key existed, by a version whose layout is
-  1. Either way this client reads it (layout 2 reads layout 1's data, see below), so it writes
-  :data:`LAYOUT` (``SET NX``: the first writer wins, a racing client reads what it wrote) and
-  goes on; existing users of an older store keep working.
-* 1: the store was written by layout 1: the client moves the key to 2 and goes on.
+  1. Either way this client reads it (layouts 2 and 3 read layout 1's data, see below), so it
+  writes :data:`LAYOUT` (``SET NX``: the first writer wins, a racing client reads what it wrote)
+  and goes on; existing users of an older store keep working.
+* 1 or 2: the store was written by an older layout: the client moves the key to
+  :data:`LAYOUT` and goes on (neither needs converting, see below).
 * :data:`LAYOUT`: go on.
 * Above :data:`LAYOUT`: a newer agentlease changed the layout, and this one would misread or
   corrupt it. Every call raises :class:`~agentlease.errors.SchemaTooNew`, naming both numbers,
@@ -30,6 +31,22 @@ no index holds, which no purge would ever find: once it is 2, a layout-1 client 
 refuses the store (one that was already running keeps going until it restarts: upgrade every
 client of a store together, or purge its done tasks of that time by hand).
 
+Layout 3 (plans, the approval gates) adds two things. A counter gains a version,
+``<prefix>:ctr:{<name>}:v`` beside it in its hash tag, raised by every script that changes the
+stored value (``counter_add``, ``hold_take``, ``hold_release``, ``hold_commit``, and the give-back
+of expired holds in any counter script), so that a plan can tell a counter that moved and came
+back (no ABA). A counter written before layout 3 has no version key: it reads as version 0 with
+its value, and its first change makes it 1; nothing is converted. And a name of a *state space*,
+``"<space>|<name>"`` (``|`` is never part of a plain name), is placed in the space's hash tag
+``{<prefix>:sp:<space>}`` instead of its own, so that the records and counters of one space (and
+the receipts of the plans over them) live on one Redis Cluster slot, and a plan over them is one
+script; plain names keep the keys they had, so existing records and counters are untouched. The
+number moves to 3 as soon as a layout-3 client meets the store because a layout-2 client would
+change counters without raising their versions, and a plan acting after it would miss the
+change: once it is 3, a layout-2 client that starts refuses the store with SchemaTooNew (one
+that was already running keeps going until it restarts, and its counter changes are invisible
+to plans: upgrade every client of a store together).
+
 Written once for asyncio; ``backends/_sync/redis_layout.py`` is generated from it.
 """
 
@@ -43,7 +60,7 @@ from agentlease.errors import BackendRefused, SchemaTooNew
 
 __all__ = ["LAYOUT", "CheckedLink"]
 
-LAYOUT = 2
+LAYOUT = 3
 """The newest key layout this agentlease reads and writes."""
 
 
@@ -75,7 +92,7 @@ class CheckedLink(RedisLink):
                 ) from None
             if version > LAYOUT:
                 raise SchemaTooNew(f"Redis at {self.url}", "key layout", version, LAYOUT)
-            if version < LAYOUT:  # layout 1: read as it is (see the module docstring)
+            if version < LAYOUT:  # layouts 1 and 2: read as they are (see the module docstring)
                 super().command("SET", self.layout_key, LAYOUT)
         self._layout_known = True
 

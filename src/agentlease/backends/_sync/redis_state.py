@@ -7,7 +7,17 @@ Written once for asyncio; ``backends/_sync/redis_state.py`` is generated from it
 
 A record is the hash ``<prefix>:rec:{<key>}`` and a counter the string ``<prefix>:ctr:{<name>}``:
 each is its own hash tag, so they spread over a Redis Cluster and each script touches one record
-or one counter (with its holds, which share the counter's hash tag).
+or one counter (with its holds and its version, which share the counter's hash tag). A name of a
+state space, ``"<space>|<name>"``, is placed in the space's hash tag ``{<prefix>:sp:<space>}``
+instead (key layout 3): every record and counter of one space lives on one slot.
+
+A plan (an approval gate) is acted on by one script, ``plan_act.lua``, given every key it reads
+or writes and the receipt's: on a Redis Cluster they must share a slot, which a plan whose names
+are all of one state space does (or all one plain name); any other plan is refused with
+PlanRefused before anything is sent. On a single Redis any names work. A pin (a row of the
+user's own table) is refused: Redis holds no such table. The receipt lives in the hash tag of
+the plan's first name (``<prefix>:plan:{<tag>}:<id>``), kept ``keep_for`` seconds (Redis
+expires it).
 A retry budget is the hash ``<prefix>:bud:{<key>}`` and a circuit breaker the hash
 ``<prefix>:brk:{<key>}``, each its own hash tag, one script per primitive, each write moving the
 key's expiry to ``ttl`` after it (Redis deletes it then).
@@ -33,6 +43,13 @@ version check would refuse a resent compare-and-set, but a blind write or an add
 applied twice, and a nonce kept in the record or counter would recognise a resend only if no
 other writer came in between.
 
+An act on a plan is resent: it carries a request nonce that its receipt keeps, so a resend of an
+act that ran finds the receipt with its own nonce and is answered as the first sending would have
+been (``first=True``); a later call of anyone else gets the receipt with ``first=False``. A
+resend of an act that did not run acts (every check is made again). The plan's secret is made by
+``SET NX`` and read back, which repeats harmlessly, as does ``get_counter_version`` (its sweep
+of expired holds finds nothing left to give back).
+
 A budget step and a breaker outcome are not resent either (a resent failure would count twice,
 a resent retry would take two). An admission is: the closed, open and half-open paths are reads,
 and a resend of one that granted the trial finds that trial live and answers ``trial=False``:
@@ -47,19 +64,43 @@ from collections.abc import Sequence
 from typing import Any
 
 import orjson
+from redis.crc import key_slot
 
-from agentlease._records import BreakerState, BudgetState, LockBusy, RecordWrite, StateRecord
+from agentlease._records import (
+    BreakerState,
+    BudgetState,
+    LockBusy,
+    PlanRead,
+    PlanReceipt,
+    PlanWrite,
+    RecordWrite,
+    StaleRead,
+    StateRecord,
+)
+from agentlease.backends import _redis_url
 from agentlease.backends._sync.redis_link import RedisLink
 from agentlease.backends.lua import (
     breaker_hash,
     breaker_state_from,
     budget_hash,
     counter_keys,
+    counter_tag,
     lock_keys,
+    plan_receipt_key,
+    plan_secret_key,
     record_hash,
+    record_tag,
     state_record_from,
 )
-from agentlease.errors import ConflictError, FencedOff, GuardError, LimitReached, TransitionRefused
+from agentlease.errors import (
+    ConflictError,
+    FencedOff,
+    GuardError,
+    LimitReached,
+    PlanExpired,
+    PlanRefused,
+    TransitionRefused,
+)
 
 __all__ = ["RedisState"]
 
@@ -92,6 +133,7 @@ class RedisState:
 
     _link: RedisLink
     _prefix: str
+    _options: _redis_url.RedisOptions
 
     # -- versioned records -----------------------------------------------------------------------
 
@@ -147,7 +189,7 @@ class RedisState:
         return int(reply[1])
 
     def extend_hold(self, name: str, token: str, ttl: float) -> bool:
-        keys = counter_keys(self._prefix, name)[1:]
+        keys = counter_keys(self._prefix, name)[1:3]
         return bool(self._link.script("hold_extend", keys, (token, ttl), retry=True))
 
     def release_hold(self, name: str, token: str) -> bool:
@@ -233,6 +275,148 @@ class RedisState:
         args = (fence, "1" if ok else "0", threshold, float(cooldown), float(ttl))
         reply = self._link.script("breaker_record", keys, args, retry=False)
         return breaker_state_from(reply)
+
+    # -- plans (approval gates): see backends/base.py ---------------------------------------------
+
+    plan_pins = False
+    """A pin names a row of the user's own table, which no Redis script can read."""
+
+    def get_counter_version(self, name: str) -> tuple[int, int]:
+        keys = counter_keys(self._prefix, name)
+        value, version = self._link.script("counter_version", keys, (), retry=True)
+        return int(value), int(version)
+
+    def plan_secret(self) -> bytes:
+        keys = (plan_secret_key(self._prefix),)
+        secret: bytes = self._link.script("plan_secret", keys, (os.urandom(32),), retry=True)
+        return secret
+
+    def act_plan(
+        self,
+        plan_id: str,
+        reads: Sequence[PlanRead],
+        writes: Sequence[PlanWrite],
+        approved_by: str,
+        keep_for: float,
+        not_after: float | None,
+    ) -> PlanReceipt | list[StaleRead]:
+        plan = _Plan(self._prefix, plan_id)
+        if any(read.kind == "pin" for read in reads):
+            raise PlanRefused(
+                "a pin checks a row of a table in the store's own database: only SQLite and "
+                "PostgreSQL keep one",
+                plan_id=plan_id,
+            )
+        encoded_reads = [
+            ["r" if r.kind == "record" else "c", plan.index(r.kind, r.key), str(r.version)]
+            for r in reads
+        ]
+        encoded_writes = [_encoded_write(w, plan.index(w.kind, w.key)) for w in writes]
+        keys = plan.keys()
+        if self._options.cluster and len({key_slot(k.encode()) for k in keys}) > 1:
+            raise PlanRefused(
+                "a plan's names must share one state space on a Redis Cluster (name them "
+                "'<space>|<name>'): its keys are on more than one slot",
+                plan_id=plan_id,
+            )
+        nonce = _nonce()
+        body = {
+            "n": nonce,
+            "by": approved_by,
+            "keep": str(max(1, math.ceil(keep_for * 1000))),
+            "until": "" if not_after is None else repr(float(not_after)),
+            "counters": plan.counters,
+            "reads": encoded_reads,
+            "writes": encoded_writes,
+        }
+        reply = self._link.script("plan_act", keys, (orjson.dumps(body),), retry=True)
+        tag = reply[0]
+        if tag == b"receipt":
+            kept = orjson.loads(reply[2])
+            versions = kept["v"] if isinstance(kept["v"], list) else []  # cjson: {} when empty
+            return PlanReceipt(
+                plan_id,
+                reply[1] == 1,
+                kept["by"],
+                float(kept["at"]),
+                tuple(int(v) for v in versions),
+            )
+        if tag == b"expired":
+            raise PlanExpired(plan_id, float(not_after or 0.0), float(reply[1]))
+        if tag == b"stale":
+            return [
+                StaleRead(reads[i - 1].kind, reads[i - 1].key, reads[i - 1].version, int(now))
+                for i, now in zip(reply[1::2], reply[2::2], strict=True)
+            ]
+        write = writes[int(reply[1]) - 1]
+        if tag == b"limit":
+            raise LimitReached(write.key, int(reply[2]), write.delta, write.low, write.high)
+        record = write.record or RecordWrite({})
+        if tag == b"conflict":
+            current = state_record_from(write.key, reply[3])
+            expected = record.expected_version or 0
+            seen = None if current is None else current.value
+            raise ConflictError(write.key, expected, int(reply[2]), seen)
+        raise _refusal(write.key, record, [tag, reply[2]])
+
+
+class _Plan:
+    """The keys of one plan, each once, in the order the script gets them: the receipt first,
+    then each record's hash and each counter's four keys, as the plan names them first."""
+
+    def __init__(self, prefix: str, plan_id: str) -> None:
+        self._prefix = prefix
+        self._plan_id = plan_id
+        self._keys: list[str] = []
+        self._index: dict[tuple[str, str], int] = {}
+        self._tag: str | None = None
+        self.counters: list[int] = []
+
+    def index(self, kind: str, name: str) -> int:
+        """The KEYS index (from 1) of record or counter ``name`` (a counter: of its first key)."""
+        found = self._index.get((kind, name))
+        if found is not None:
+            return found
+        at = len(self._keys) + 2  # KEYS[1] is the receipt
+        if kind == "record":
+            self._keys.append(record_hash(self._prefix, name))
+            self._tag = self._tag or record_tag(self._prefix, name)
+        else:
+            self._keys.extend(counter_keys(self._prefix, name))
+            self._tag = self._tag or counter_tag(self._prefix, name)
+            self.counters.append(at)
+        self._index[(kind, name)] = at
+        return at
+
+    def keys(self) -> list[str]:
+        """Every key, the receipt first (in the hash tag of the plan's first name)."""
+        tag = self._tag if self._tag is not None else self._plan_id
+        return [plan_receipt_key(self._prefix, tag, self._plan_id), *self._keys]
+
+
+def _encoded_write(write: PlanWrite, at: int) -> list[Any]:
+    """One write of a plan as ``plan_act.lua`` reads it (integers as strings: exact in JSON)."""
+    if write.kind == "counter":
+        return ["c", at, str(write.delta), _text(write.low), _text(write.high)]
+    record = write.record or RecordWrite({})
+    fields: list[str] = []
+    for name, value in record.fields.items():
+        fields += (f"f:{name}", value.decode())
+    return [
+        "r",
+        at,
+        "1" if record.replace else "0",
+        _text(record.expected_version),
+        _text(record.fence),
+        "" if record.guard_field is None else f"f:{record.guard_field}",
+        "1" if None in record.allowed_from else "0",
+        [v.decode() for v in record.allowed_from if v is not None],
+        fields,
+    ]
+
+
+def _text(value: int | None) -> str:
+    return "" if value is None else str(value)
 
 
 def _ratio(ratio: float) -> float:

@@ -58,7 +58,7 @@ on one Redis Cluster shard and every script is given all the keys it touches:
                             are its first members)
 ``p:ids``                   hash: task id -> queue (ids are unique across queues)
 ``p:queues``                set: every queue enqueued to
-``p:layout``                string: this layout's version (2), written on first use; a client
+``p:layout``                string: this layout's version (3), written on first use; a client
                             refuses a higher one (see ``_async/redis_layout.py``)
 ``p:key:{k}``               hash: idempotency key ``k`` (its own hash tag, so keys spread over
                             a cluster): state, fingerprint, fence, holder, token, times,
@@ -72,6 +72,19 @@ on one Redis Cluster shard and every script is given all the keys it touches:
                             or a tombstone once it ended, until its expiry (see ``_state.lua``)
 ``p:ctr:{c}:x``             zset by expires_at: the tokens of ``:h`` (a counter's scripts give
                             back the expired first, reading only those)
+``p:ctr:{c}:v``             string: counter ``c``'s version (layout 3; absent: 0), +1 by every
+                            script that changes its value (see ``_state.lua``)
+``p:rec:{p:sp:s}:k``        a name of state space ``s``, ``"s|k"`` (layout 3): record ``k`` of
+``p:ctr:{p:sp:s}:c``        the space, counter ``c`` and its ``p:ctr:h:{p:sp:s}:c``,
+                            ``p:ctr:x:{p:sp:s}:c``, ``p:ctr:v:{p:sp:s}:c`` (the kind goes before
+                            the tag: the name after it may hold ``:``), all in the space's hash
+                            tag: one slot per space, so a plan over a space is one script
+``p:plan:{t}:id``           string: the receipt of plan ``id`` (JSON: who approved, when, each
+                            write's version after it, the request nonce of the call that acted),
+                            in the hash tag ``t`` of the plan's first name (its space's); Redis
+                            expires it after the plan's ``keep_for`` (see ``plan_act.lua``)
+``p:plans:secret``          string: the 32 random bytes the MACs of plans are made with, written
+                            once (SET NX; a slot of its own)
 ``p:bud:{k}``               hash: retry budget ``k`` (its own hash tag): ``c`` calls, ``r``
                             retries granted; Redis expires it ``ttl`` after its last write
 ``p:brk:{k}``               hash: circuit breaker ``k`` (its own hash tag): ``s`` state, ``f``
@@ -139,6 +152,7 @@ __all__ = [
     "claim_terms",
     "counter_key",
     "counter_keys",
+    "counter_tag",
     "enqueued_from",
     "jobs_from",
     "key_hash",
@@ -146,9 +160,12 @@ __all__ = [
     "key_record_from",
     "lease_infos_from",
     "lock_keys",
+    "plan_receipt_key",
+    "plan_secret_key",
     "queue_keys",
     "reaped_from",
     "record_hash",
+    "record_tag",
     "state_record_from",
     "store_time",
     "task_from",
@@ -184,6 +201,7 @@ NAMES = (
     "record_write",
     "counter_add",
     "counter_get",
+    "counter_version",
     "hold_take",
     "hold_extend",
     "hold_release",
@@ -196,6 +214,8 @@ NAMES = (
     "retry_budget",
     "breaker_admit",
     "breaker_record",
+    "plan_secret",
+    "plan_act",
     "workers_register",
     "workers_list",
     "workers_unregister",
@@ -584,21 +604,66 @@ def key_record_from(key: str, v: list[Any]) -> KeyRecord:
 # -- shared-state guards -------------------------------------------------------------------------
 
 
+SPACE = "|"
+"""What separates a state space from a name in ``"<space>|<name>"`` (never in a plain name)."""
+
+
+def _space(prefix: str, name: str) -> tuple[str, str] | None:
+    """The hash tag of the state space of ``name`` and the name within it; ``None`` for a plain
+    name (no :data:`SPACE` in it)."""
+    space, sep, rest = name.partition(SPACE)
+    return (f"{prefix}:sp:{space}", rest) if sep else None
+
+
+def record_tag(prefix: str, key: str) -> str:
+    """The hash tag of record ``key``: the key itself, or its state space's."""
+    spaced = _space(prefix, key)
+    return key if spaced is None else spaced[0]
+
+
+counter_tag = record_tag
+"""The hash tag of counter ``name``: the name itself, or its state space's (as a record's)."""
+
+
 def record_hash(prefix: str, key: str) -> str:
-    """The hash of versioned record ``key`` under ``prefix`` (the key is its own hash tag)."""
-    return f"{prefix}:rec:{{{key}}}"
+    """The hash of versioned record ``key`` under ``prefix``: its own hash tag, or, for a name
+    of a state space (``"<space>|<name>"``), the space's (layout 3)."""
+    spaced = _space(prefix, key)
+    if spaced is None:
+        return f"{prefix}:rec:{{{key}}}"
+    return f"{prefix}:rec:{{{spaced[0]}}}:{spaced[1]}"
 
 
 def counter_key(prefix: str, name: str) -> str:
-    """The string of counter ``name`` under ``prefix`` (the name is its own hash tag)."""
-    return f"{prefix}:ctr:{{{name}}}"
+    """The string of counter ``name`` under ``prefix`` (its hash tag as a record's)."""
+    return counter_keys(prefix, name)[0]
 
 
-def counter_keys(prefix: str, name: str) -> tuple[str, str, str]:
-    """Counter ``name``, its holds and their expiry, all with the hash tag ``{name}``, in the
-    order the counter scripts list them."""
-    counter = counter_key(prefix, name)
-    return counter, f"{counter}:h", f"{counter}:x"
+@lru_cache(maxsize=4096)
+def counter_keys(prefix: str, name: str) -> tuple[str, str, str, str]:
+    """Counter ``name``, its holds, their expiry and its version (layout 3), all with one hash
+    tag (the name's, or its state space's), in the order the counter scripts list them. In a
+    space the kind of key goes before the tag, since the name after it may hold ``:``."""
+    spaced = _space(prefix, name)
+    if spaced is None:
+        counter = f"{prefix}:ctr:{{{name}}}"
+        return counter, f"{counter}:h", f"{counter}:x", f"{counter}:v"
+    tag, rest = spaced
+    counter, holds, expiry, version = (
+        f"{prefix}:ctr:{kind}{{{tag}}}:{rest}" for kind in ("", "h:", "x:", "v:")
+    )
+    return counter, holds, expiry, version
+
+
+def plan_receipt_key(prefix: str, tag: str, plan_id: str) -> str:
+    """The receipt of plan ``plan_id``, in the hash tag ``tag`` of the plan's first name (every
+    name of a plan shares it on a cluster)."""
+    return f"{prefix}:plan:{{{tag}}}:{plan_id}"
+
+
+def plan_secret_key(prefix: str) -> str:
+    """The store's key for the MACs of plans (no hash tag: a slot of its own on a cluster)."""
+    return f"{prefix}:plans:secret"
 
 
 @dataclass(frozen=True, slots=True)

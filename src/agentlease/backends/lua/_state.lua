@@ -8,14 +8,25 @@
 --   _f        the highest fencing token a write has shown (absent or never fenced: 0)
 --   _u        the time of the last write (a fmt() string)
 --
--- A bounded counter is the string <prefix>:ctr:{<name>} (its own hash tag); its holds live beside
--- it under the same tag, so a script that touches the counter and its holds stays on one shard:
+-- A bounded counter is the string <prefix>:ctr:{<name>} (its own hash tag); its holds and its
+-- version live beside it under the same tag, so a script that touches the counter, its holds and
+-- its version stays on one shard:
 --   <prefix>:ctr:{<name>}:h   hash: token -> the hold's units while it lives; 'c' or 'r' once it
 --                             was committed or released (a tombstone, kept until the hold's
 --                             expiry, so a resent commit or release recognises its own work)
 --   <prefix>:ctr:{<name>}:x   zset: token -> expires_at, exactly the tokens of :h
+--   <prefix>:ctr:{<name>}:v   string: the counter's version (absent: 0), +1 by every script
+--                             that changes the stored value (layout 3; counter_bump)
 -- A hold's units are in the counter's value while it lives. Every script that reads or changes
 -- the value first gives back the units of the holds that ran out (counter_sweep).
+--
+-- A name of a state space, "<space>|<name>" (layout 3), is placed in the space's hash tag
+-- {<prefix>:sp:<space>}, so that every record and counter of one space (and a plan's receipt) is
+-- on one shard: the record <prefix>:rec:{<prefix>:sp:<space>}:<name>, the counter
+-- <prefix>:ctr:{<prefix>:sp:<space>}:<name> and its <prefix>:ctr:h:{...}:<name>,
+-- <prefix>:ctr:x:{...}:<name>, <prefix>:ctr:v:{...}:<name> (the part after the tag is the whole
+-- name, which may hold ':': the kind goes before the tag). The scripts are given these keys and
+-- never build one.
 --
 -- A retry budget is the hash <prefix>:bud:{<key>} and a circuit breaker the hash
 -- <prefix>:brk:{<key>} (each its own hash tag, so one script touches one key on one shard):
@@ -78,22 +89,35 @@ local function lock_read(owners, expiry, names, now)
   return held, expires
 end
 
--- @helper counter_sweep: batched
+-- @helper counter_bump:
+-- Raise the counter's version (its key: version) by one: a script calls it once its stored value
+-- changed, so that two reads at one version saw one value (no ABA). Returns the new version.
+local function counter_bump(version)
+  return redis.call('INCRBY', version, 1)
+end
+
+-- @helper counter_sweep: batched counter_bump
 -- The counter's value after deleting its holds that ran out by now (expires_at <= now) and
--- taking their units out of it (a tombstone has none). The cost is proportional to the expired
--- holds: live ones are never read. Each hold's units go back by DECRBY of the stored string, so
--- Redis does the arithmetic on exact integers (a sum in Lua would be a double).
-local function counter_sweep(counter, holds, expiry, now)
+-- taking their units out of it (a tombstone has none); the version goes up by one if that
+-- changed the value. The cost is proportional to the expired holds: live ones are never read.
+-- Each hold's units go back by DECRBY of the stored string, so Redis does the arithmetic on
+-- exact integers (a sum in Lua would be a double).
+local function counter_sweep(counter, holds, expiry, version, now)
   local gone = redis.call('ZRANGEBYSCORE', expiry, '-inf', now)
   if #gone == 0 then return tonumber(redis.call('GET', counter)) or 0 end
   local units = batched('HMGET', holds, gone)
   local value = false
   for i = 1, #gone do
-    if tonumber(units[i]) then value = redis.call('DECRBY', counter, units[i]) end
+    local n = tonumber(units[i])
+    if n and n ~= 0 then value = redis.call('DECRBY', counter, units[i]) end
   end
   batched('HDEL', holds, gone)
   batched('ZREM', expiry, gone)
-  return value or tonumber(redis.call('GET', counter)) or 0
+  if value then
+    counter_bump(version)
+    return value
+  end
+  return tonumber(redis.call('GET', counter)) or 0
 end
 
 -- @helper expire_after:

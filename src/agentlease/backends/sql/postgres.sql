@@ -385,8 +385,9 @@ WITH doomed AS MATERIALIZED (
 DELETE FROM agentlease_tasks t WHERE t.id = ANY (ARRAY(SELECT d.id FROM doomed d));
 
 -- name: state_purge
--- Expired retry budgets and circuit breakers, up to %(limit)s of each, in one statement, each
--- read through its expiry index (0010_retention.sql), visiting only the rows it deletes.
+-- Expired retry budgets and circuit breakers, and the receipts of plans past their purge_at, up
+-- to %(limit)s of each, in one statement, each read through its expiry index (0010_retention.sql,
+-- 0012_plans.sql), visiting only the rows it deletes.
 -- FOR UPDATE re-checks expires_at on a row another transaction just renewed, and SKIP LOCKED
 -- passes over a row being written now.
 WITH budgets AS (
@@ -405,8 +406,18 @@ WITH budgets AS (
         FOR UPDATE SKIP LOCKED
     ))
     RETURNING 1
+), plans AS (
+    DELETE FROM agentlease_plans p WHERE p.id = ANY (ARRAY(
+        SELECT x.id FROM agentlease_plans x
+        WHERE x.purge_at <= (SELECT clock_timestamp())
+        ORDER BY x.purge_at
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED
+    ))
+    RETURNING 1
 )
-SELECT (SELECT count(*) FROM budgets) + (SELECT count(*) FROM breakers);
+SELECT (SELECT count(*) FROM budgets) + (SELECT count(*) FROM breakers)
+       + (SELECT count(*) FROM plans);
 
 -- name: list_queued
 -- Listings, one page each, through the state's partial index: the first page from the index's
@@ -664,6 +675,17 @@ SELECT c.value - coalesce((SELECT sum(h.units) FROM agentlease_counter_holds h
                            WHERE h.name = c.name AND h.expires_at <= clock_timestamp()), 0)::bigint
 FROM agentlease_counters c WHERE c.name = %(name)s;
 
+-- name: counter_version
+-- A counter's value and version as the next step on it will find them (0012_plans.sql): the
+-- holds that ran out and are not yet given back leave their units out of the value and add one
+-- each to the version. One statement: the sum and the count come from one scan of the holds.
+SELECT c.value - coalesce(h.units, 0)::bigint, c.version + h.gone
+FROM agentlease_counters c,
+LATERAL (SELECT sum(x.units) AS units, count(*) FILTER (WHERE x.units <> 0) AS gone
+         FROM agentlease_counter_holds x
+         WHERE x.name = c.name AND x.expires_at <= clock_timestamp()) h
+WHERE c.name = %(name)s;
+
 -- name: hold_counter
 SELECT added, value
 FROM agentlease_hold_counter(
@@ -698,6 +720,25 @@ SELECT state, failures, fence, retry_after, trial
 FROM agentlease_breaker_record(
     %(key)s::text, %(fence)s::bigint, %(ok)s::boolean, %(threshold)s::bigint,
     %(cooldown)s::float8, %(ttl)s::float8
+);
+
+-- name: secret
+-- The store's secret %(name)s, made from %(candidate)s by the first call (0012_plans.sql).
+SELECT agentlease_secret(%(name)s::text, %(candidate)s::bytea);
+
+-- name: plan_act
+-- One call of agentlease_act_plan() (postgres_migrations/0012_plans.sql): a plan checked and
+-- acted on, or refused, in one transaction.
+SELECT outcome, approved_by, approved_at, versions, stale_kinds, stale_keys, stale_read,
+       stale_now, at_write, version, fence, updated_at, fields, vals, value, detail
+FROM agentlease_act_plan(
+    %(id)s::text, %(approved_by)s::text, %(keep_for)s::float8, %(not_after)s::float8,
+    %(read_kinds)s::text[], %(read_keys)s::text[], %(read_versions)s::bigint[],
+    %(pins)s::jsonb, %(write_kinds)s::text[], %(write_keys)s::text[],
+    %(replace)s::boolean[], %(expected)s::bigint[], %(guard)s::text[],
+    %(allow_absent)s::boolean[], %(fence)s::bigint[], %(field_of)s::integer[],
+    %(field_names)s::text[], %(field_values)s::bytea[], %(allowed_of)s::integer[],
+    %(allowed_values)s::bytea[], %(delta)s::bigint[], %(low)s::bigint[], %(high)s::bigint[]
 );
 
 -- name: locks_acquire

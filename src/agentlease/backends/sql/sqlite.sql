@@ -120,9 +120,12 @@ CREATE TABLE IF NOT EXISTS agentlease_record_fields (
     value BLOB NOT NULL,
     PRIMARY KEY (key, field)
 );
+-- A counter's version (schema version 11) rises by one with every statement that changes its
+-- value (counter_set: steps, holds, and giving back the units of expired holds).
 CREATE TABLE IF NOT EXISTS agentlease_counters (
-    name  TEXT PRIMARY KEY,
-    value INTEGER NOT NULL
+    name    TEXT PRIMARY KEY,
+    value   INTEGER NOT NULL,
+    version INTEGER NOT NULL DEFAULT 0
 ) WITHOUT ROWID;
 -- A counter hold (schema version 5): units of a counter held by a token until expires_at. Its
 -- units are in the counter's value while it lives, and every step that touches the counter first
@@ -191,6 +194,22 @@ CREATE TABLE IF NOT EXISTS agentlease_workers (
     expires_at REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS agentlease_workers_expiry ON agentlease_workers (expires_at);
+-- Plans (schema version 11): the receipt of each plan acted on, kept until purge_at (versions is
+-- the JSON array of the versions its writes left), deleted by purge_state through the index.
+-- The store's plan secret is one row, made by the first caller (INSERT OR IGNORE).
+CREATE TABLE IF NOT EXISTS agentlease_plan_receipts (
+    id          TEXT PRIMARY KEY,
+    approved_by TEXT NOT NULL,
+    approved_at REAL NOT NULL,
+    versions    TEXT NOT NULL,
+    purge_at    REAL NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS agentlease_plan_receipts_purge
+    ON agentlease_plan_receipts (purge_at);
+CREATE TABLE IF NOT EXISTS agentlease_plan_secret (
+    id     INTEGER PRIMARY KEY CHECK (id = 1),
+    secret BLOB NOT NULL
+);
 
 -- name: unpark_trigger
 -- Run after the schema, as one statement (its body holds semicolons of its own).
@@ -274,6 +293,11 @@ DROP TRIGGER IF EXISTS agentlease_unpark;
 -- each lease (NULL for the tasks already there). The schema adds the attempts and workers
 -- tables. (No semicolon in these comments: the steps are split on them.)
 ALTER TABLE agentlease_tasks ADD COLUMN holder TEXT;
+
+-- name: upgrade_to_11
+-- Run before the schema when a database older than version 11 is opened: each counter's version
+-- (0 for the counters already there). The schema adds the plan receipts and the plan secret.
+ALTER TABLE agentlease_counters ADD COLUMN version INTEGER NOT NULL DEFAULT 0;
 
 -- name: bump_seq
 INSERT INTO agentlease_queues (name, seq) VALUES (:queue, :count)
@@ -776,8 +800,38 @@ ON CONFLICT (key, field) DO UPDATE SET value = excluded.value;
 UPDATE agentlease_record_fields SET value = :value WHERE key = :key AND field = :field;
 
 -- name: counter_set
-INSERT INTO agentlease_counters (name, value) VALUES (:name, :value)
-ON CONFLICT (name) DO UPDATE SET value = excluded.value;
+-- Every change of a counter's value goes through here, so its version rises with each.
+INSERT INTO agentlease_counters (name, value, version) VALUES (:name, :value, 1)
+ON CONFLICT (name) DO UPDATE SET value = excluded.value, version = version + 1;
+
+-- name: counter_version
+SELECT version FROM agentlease_counters WHERE name = :name;
+
+-- name: plan_secret_make
+INSERT OR IGNORE INTO agentlease_plan_secret (id, secret) VALUES (1, :secret);
+
+-- name: plan_secret_get
+SELECT secret FROM agentlease_plan_secret WHERE id = 1;
+
+-- name: plan_receipt_get
+-- A receipt past purge_at counts as absent, whether or not purge_state has deleted it yet.
+SELECT approved_by, approved_at, versions FROM agentlease_plan_receipts
+WHERE id = :id AND purge_at > :now;
+
+-- name: plan_receipt_put
+INSERT INTO agentlease_plan_receipts (id, approved_by, approved_at, versions, purge_at)
+VALUES (:id, :approved_by, :approved_at, :versions, :purge_at)
+ON CONFLICT (id) DO UPDATE SET approved_by = excluded.approved_by,
+    approved_at = excluded.approved_at, versions = excluded.versions, purge_at = excluded.purge_at;
+
+-- name: plan_receipt_purge
+DELETE FROM agentlease_plan_receipts WHERE id IN (
+    SELECT id FROM agentlease_plan_receipts INDEXED BY agentlease_plan_receipts_purge
+    WHERE purge_at <= :now ORDER BY purge_at LIMIT :limit
+);
+
+-- name: record_version
+SELECT version FROM agentlease_records WHERE key = :key;
 
 -- name: counter_get
 -- The value as a sweep would leave it: without the units of the counter's expired holds.
