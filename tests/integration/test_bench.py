@@ -132,11 +132,11 @@ def test_bench_idempotency_rows(tmp_path: Path, backend: str | None, kind: str) 
 
 
 def check_guard_rows(everything: list[dict[str, Any]], kind: str, calls: int) -> None:
-    """The three shared-state guard rows: their fields and arithmetic, never their speed."""
+    """The four shared-state guard rows: their fields and arithmetic, never their speed."""
     rows = [r for r in everything if r.get("mode") == "guard"]
-    assert [r["guard"] for r in rows] == ["compare_and_set", "guarded", "lock"]
-    assert [r["ideal_round_trips"] for r in rows] == [1.0, 1.0, 2.0]
-    assert len({r["name"] for r in rows}) == 3
+    assert [r["guard"] for r in rows] == ["compare_and_set", "guarded", "plan", "lock"]
+    assert [r["ideal_round_trips"] for r in rows] == [1.0, 1.0, 1.0, 2.0]
+    assert len({r["name"] for r in rows}) == 4
     for row in rows:
         assert row.keys() == GUARD_ROW_KEYS
         assert row["backend"] == kind
@@ -193,6 +193,7 @@ def test_bench_table(tmp_path: Path) -> None:
     assert "replay" in done.stdout
     assert "shared-state guards on memory://" in done.stdout
     assert "compare_and_set" in done.stdout
+    assert "plan approval" in done.stdout
     assert "lock acquire+release" in done.stdout
     # Piped: plain text, the tables' rules in ASCII.
     assert "\x1b" not in done.stdout

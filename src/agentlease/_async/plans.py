@@ -79,6 +79,13 @@ def current_plan(state: object) -> AsyncPlan | None:
     return plan if plan is not None and plan.state is state else None
 
 
+async def _secret(state: AsyncSharedState) -> bytes:
+    """The store's plan secret, read once per state object (it never changes once made)."""
+    if state._plan_secret is None:
+        state._plan_secret = await state.backend.plan_secret()
+    return state._plan_secret
+
+
 def _mac(secret: bytes, body: dict[str, Any]) -> str:
     canonical = orjson.dumps(body, option=orjson.OPT_SORT_KEYS)
     return hmac.new(secret, canonical, sha256).hexdigest()
@@ -287,7 +294,7 @@ class AsyncPlan:
         if self._created_at is None:
             raise PlanRefused("a plan is sealed after its block was entered", plan_id=self.id)
         body = self._body()
-        body["mac"] = _mac(await self.state.backend.plan_secret(), body)
+        body["mac"] = _mac(await _secret(self.state), body)
         self._sealed = encode(body, what=f"plan {self.id!r}", limit=DEFAULT_MAX_BYTES).decode()
         return self._sealed
 
@@ -462,7 +469,7 @@ async def act_sealed(
     if not isinstance(data, dict) or not isinstance(data.get("mac"), str):
         raise PlanRefused("not a sealed plan (no mac)")
     mac = data.pop("mac")
-    expected = _mac(await state.backend.plan_secret(), data)
+    expected = _mac(await _secret(state), data)
     if not hmac.compare_digest(mac.encode("utf-8", "replace"), expected.encode()):
         raise PlanRefused("its MAC does not match: edited in transit or sealed by another store")
     try:

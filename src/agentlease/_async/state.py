@@ -230,6 +230,7 @@ class AsyncSharedState:
         self.space = None if space is None else _guards.record_key(space)
         self._limit = check.integer(max_value_bytes, "max_value_bytes", low=16, high=2**29)
         self._rand = random.Random()
+        self._plan_secret: bytes | None = None  # read on first use (see _async/plans.py)
         self._renewals = AsyncRenewals(self._renew, _lapsed)
 
     async def _renew(self, entry: Renewing) -> None:

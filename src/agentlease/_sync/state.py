@@ -232,6 +232,7 @@ class SharedState:
         self.space = None if space is None else _guards.record_key(space)
         self._limit = check.integer(max_value_bytes, "max_value_bytes", low=16, high=2**29)
         self._rand = random.Random()
+        self._plan_secret: bytes | None = None  # read on first use (see _sync/plans.py)
         self._renewals = Renewals(self._renew, _lapsed)
 
     def _renew(self, entry: Renewing) -> None:

@@ -54,7 +54,6 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from agentlease._pins import parse_pin
 from agentlease._policy.writes import applied, check_write
 from agentlease._records import (
     BreakerState,
@@ -131,6 +130,8 @@ def _counter_version(db: sqlite3.Connection, name: str) -> int:
 
 def _pinned(db: sqlite3.Connection, key: str, plan_id: str) -> int:
     """The version column of a pinned row of the user's table (0: no such row)."""
+    from agentlease._pins import parse_pin  # plans only: a worker never loads it
+
     names, where, column = parse_pin(key)
     table = ".".join(f'"{n}"' for n in names)
     match = " AND ".join(f'"{c}" = ?' for c, _ in where)

@@ -30,13 +30,15 @@ raw operations per call (see :mod:`agentlease.bench.keys`):
 * idempotent no-op, replay: the same calls again (one reserve that finds the outcome: ideally
   1), beside the same write of a key that is present.
 
-Then three shared-state guard rows (``--guards`` calls each, 0 to skip; see
+Then four shared-state guard rows (``--guards`` calls each, 0 to skip; see
 :mod:`agentlease.bench.guards`), in the same units:
 
 * compare_and_set, right version: :meth:`~agentlease.SharedState.compare_and_set` over an
   existing record (ideally 1), beside one atomic version-checked write;
 * retry + budget + breaker call: that raw write, each call through ``al.retry`` with a retry
   budget and a circuit breaker kept in the store, on the healthy path (ideally 1; target 1.3);
+* plan approval: ``state.act(sealed, approved_by=...)`` of a plan that read one record and
+  sets one field (sealed untimed), beside that raw write (ideally 1);
 * lock set of one, acquire + release: ``with state.locks([name], timeout=5): pass`` (ideally
   2), beside an owner-checked conditional acquire and an owner-checked release.
 
@@ -427,7 +429,8 @@ def bench(
     Then SharedState.compare_and_set at the right version (ideally 1 raw operation) beside one
     version-checked UPDATE (SQLite, PostgreSQL) or script (Redis); that raw write through
     al.retry with a RetryBudget and a CircuitBreaker kept in the store, healthy (ideally 1,
-    target 1.3); and a lock set of one, acquired and released (ideally 2), beside a conditional
+    target 1.3); a sealed plan that read one record and sets one field, approved (ideally 1);
+    and a lock set of one, acquired and released (ideally 2), beside a conditional
     acquire and an owner-checked release: an upsert and an UPDATE (SQLite, PostgreSQL), SET NX
     PX and a script (Redis).
 
@@ -438,7 +441,7 @@ def bench(
 
     Redis and PostgreSQL rows run in a fresh key prefix or schema, deleted afterwards; on a
     SQLite --backend, tasks are left in bench-* queues, keys in its idempotency table, and
-    bench-guards-* records and locks.
+    bench-guards-* records, locks and plan receipts.
     """
     kind = urlsplit(url).scheme.lower() if url else "sqlite"
     if kind in _bench_served.SERVED:
@@ -478,7 +481,7 @@ def bench(
             plan = cases(processes, batch, stores.kind)
             if not as_json:
                 also = f" and 2 rows x {keys} idempotent calls" if keys else ""
-                also += f" and 3 rows x {guards} guard calls" if guards else ""
+                also += f" and 4 rows x {guards} guard calls" if guards else ""
                 if worker_tasks and stores.targets is not None:
                     also += f" and {worker_tasks} worker tasks"
                 err_console.print(

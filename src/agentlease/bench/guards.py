@@ -1,5 +1,6 @@
-"""The shared-state guard rows of ``agentlease bench``: ``SharedState.compare_and_set`` and a lock
-set of one, acquired and released, beside the raw store round trip measured in the same run on
+"""The shared-state guard rows of ``agentlease bench``: ``SharedState.compare_and_set``, the same
+write through retry, budget and breaker or as an approved plan, and a lock set of one, acquired
+and released, beside the raw store round trip measured in the same run on
 the same store with the same driver.
 
 * **compare_and_set**: each round creates N records at version 1 (untimed), then times N calls of
@@ -13,6 +14,12 @@ the same store with the same driver.
   operations per call beside the one raw round trip it makes (ideally 1; the target is 1.3). The
   breaker's state is cached for its staleness (1 s) and the budget counts calls locally and
   sends them every ``flush_every`` (100) calls, so most calls add no round trip.
+* **plan approval**: each round creates N records at version 1 and seals, for each, a plan that
+  read it and sets one field (untimed: planning reads the store), then times N calls of
+  ``state.act(sealed, approved_by=...)``: the JSON parsed, its MAC checked, the read's version
+  compared, the write applied and the receipt kept, in one atomic step. Ideally one round trip
+  (the plan secret is read once per client); the raw side is the same conditional write as the
+  compare_and_set row's.
 * **lock acquire + release**: N cycles of ``with state.locks([name], timeout=5): pass`` on one
   lock name per round. Ideally two round trips (acquire, release); the library also starts and
   stops the lock set's renewal thread each time. The raw side runs N cycles of one owner-checked
@@ -85,13 +92,13 @@ DEFAULT_GUARDS = 3_000
 WARM_UP = 20
 LOCK_TTL = 30.0  # the library's default ttl, which the library rows run with
 LOCK_TIMEOUT = 5.0
-Guard = Literal["compare_and_set", "guarded", "lock"]
+Guard = Literal["compare_and_set", "guarded", "plan", "lock"]
 Side = Literal["library", "raw"]
-GUARDS: tuple[Guard, ...] = ("compare_and_set", "guarded", "lock")
+GUARDS: tuple[Guard, ...] = ("compare_and_set", "guarded", "plan", "lock")
 SIDES: tuple[Side, Side] = ("library", "raw")
-#: Raw atomic operations in one call of each row: a conditional write (bare, or through retry,
-#: retry budget and circuit breaker); an acquire and a release.
-RAW_OPS: dict[Guard, int] = {"compare_and_set": 1, "guarded": 1, "lock": 2}
+#: Raw atomic operations in one call of each row: a conditional write (bare, through retry,
+#: retry budget and circuit breaker, or as an approved plan); an acquire and a release.
+RAW_OPS: dict[Guard, int] = {"compare_and_set": 1, "guarded": 1, "plan": 1, "lock": 2}
 
 
 class RawGuards(Protocol):
@@ -133,11 +140,32 @@ class LibraryGuards:
         run = uuid.uuid4().hex[:8]
         self._budget = RetryBudget(self.state, scope=f"bench-guards-{run}")
         self._breaker = CircuitBreaker(self.state, f"bench-guards-{run}")
+        self._sealed: dict[str, str] = {}
 
     def create(self, keys: Sequence[str]) -> None:
         cas = self.state.compare_and_set
         for key in keys:
             cas(key, 0, {"n": -1})
+
+    def seal_plans(self, keys: Sequence[str]) -> None:
+        """For each key (created at version 1), a sealed plan that read it and sets its ``n``
+        (not timed: planning reads the store; the row times the approval)."""
+        state = self.state
+        for n, key in enumerate(keys):
+            with state.plan(step=key) as plan:
+                state.get(key)
+                plan.set_field(key, "n", n)
+            self._sealed[key] = plan.seal()
+
+    def plans(self, keys: Sequence[str]) -> int:
+        """Approve each key's sealed plan: the MAC checked, the read's version compared and the
+        write applied in one atomic step; how many acted."""
+        act = self.state.act
+        acted = 0
+        for key in keys:
+            if act(self._sealed.pop(key), approved_by="bench").first:
+                acted += 1
+        return acted
 
     def compare_and_set(self, keys: Sequence[str]) -> int:
         """``compare_and_set(key_i, 1, {"n": i})`` for each key; how many reached version 2."""
@@ -320,6 +348,7 @@ class GuardRow:
         return {
             "compare_and_set": "compare_and_set, right version",
             "guarded": "compare_and_set through retry + retry budget + circuit breaker",
+            "plan": "approve a sealed plan (1 read checked, 1 field written)",
             "lock": "lock set of one, acquire + release",
         }[self.guard]
 
@@ -329,13 +358,14 @@ class GuardRow:
         return {
             "compare_and_set": "compare_and_set",
             "guarded": "retry+budget+breaker call",
+            "plan": "plan approval",
             "lock": "lock acquire+release",
         }[self.guard]
 
     @property
     def ideal(self) -> float:
-        """The round trips a call needs: 1 for a compare-and-set (bare or guarded), 2 for a
-        lock cycle."""
+        """The round trips a call needs: 1 for a compare-and-set (bare, guarded or an approved
+        plan), 2 for a lock cycle."""
         return float(RAW_OPS[self.guard])
 
     @property
@@ -387,6 +417,8 @@ def _timed(
     values = [orjson.dumps({"n": n}) for n in range(count)] if on_raw and keys else []
     if keys:
         (raw.create if on_raw else library.create)(keys)
+    if guard == "plan" and side == "library":
+        library.seal_plans(keys)
     owner = f"bench:{task}"
     gc.collect()
     start = time.perf_counter()
@@ -395,6 +427,8 @@ def _timed(
             done = raw.compare_and_set(keys, values)
         elif guard == "guarded":
             done = library.guarded(raw, keys, values)
+        elif guard == "plan":
+            done = library.plans(keys)
         else:
             done = library.compare_and_set(keys)
     else:
@@ -422,14 +456,14 @@ def run_guards(
     rounds (library, raw, raw, library, ...).
 
     Returns:
-        Three rows: ``compare_and_set``, ``guarded`` and ``lock``.
+        Four rows: ``compare_and_set``, ``guarded``, ``plan`` and ``lock``.
     """
     run = uuid.uuid4().hex[:8]
     for guard in GUARDS:  # untimed: connections, pools, prepared statements, scripts, threads
         for side in SIDES:
             _timed(side, guard, library, raw, f"bench-guards-{run}-warm-{guard}-{side}", WARM_UP)
     sizes = split(calls, rounds)
-    bar = None if progress is None else progress.add_task("guards", total=6 * len(sizes))
+    bar = None if progress is None else progress.add_task("guards", total=8 * len(sizes))
     seconds: dict[tuple[Side, Guard], list[float]] = {
         (side, guard): [] for side in SIDES for guard in GUARDS
     }
@@ -447,6 +481,7 @@ def run_guards(
     operations = {
         "compare_and_set": raw.cas_operation,
         "guarded": raw.cas_operation,
+        "plan": raw.cas_operation,
         "lock": raw.lock_operation,
     }
     return [

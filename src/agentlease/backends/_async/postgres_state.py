@@ -73,7 +73,6 @@ from agentlease._records import (
     StaleRead,
     StateRecord,
 )
-from agentlease._versioned_sql import _bindable, _ident
 from agentlease.backends._postgres_driver import Q
 from agentlease.errors import BackendError, InvalidName, LimitReached, PlanExpired, PlanRefused
 
@@ -127,6 +126,8 @@ def _stale(kind: str, key: str, read: int, now: int) -> StaleRead:
 
 def _pin_value(value: object, key: str) -> str | None:
     """A pin's ``where`` value as the text of an SQL literal (the column's type reads it)."""
+    from agentlease._versioned_sql import _bindable  # plans only: a worker never loads it
+
     _bindable(value)
     if value is None or isinstance(value, str):
         return value
@@ -144,6 +145,8 @@ def _pin(key: str) -> dict[str, Any]:
     it, every identifier checked as ``versioned_update`` checks them: nothing reaches the store
     otherwise. ``table`` may name its schema (``schema.table``); without one, the table is
     looked up by the connection's search_path, which is the store's schema alone."""
+    from agentlease._versioned_sql import _ident  # plans only: a worker never loads it
+
     try:
         pin = json.loads(key)
     except ValueError:
