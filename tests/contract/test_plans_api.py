@@ -30,6 +30,13 @@ def state(store: Store) -> Iterator[al.SharedState]:
         s.close()
 
 
+def _close(store: Store, *states: al.SharedState) -> None:
+    """Close what a test opened beside the fixture's state (memory shares one backend)."""
+    if store.kind != "memory":
+        for s in states:
+            s.close()
+
+
 def _async_backend(store: Store) -> al.AsyncBackend:
     memory = store._memory
     return al.connect_async(store.url) if memory is None else memory.open_async()
@@ -94,11 +101,14 @@ def test_a_second_read_at_another_version_is_stale_at_once(
     store: Store, state: al.SharedState
 ) -> None:
     other = al.SharedState(store.backend(), space=state.space)
-    with state.plan(step="s") as plan:
-        state.get("order")
-        other.compare_and_set("order", 0, {"a": 1})  # another client, not in the plan
-        with pytest.raises(StalePlan) as info:
+    try:
+        with state.plan(step="s") as plan:
             state.get("order")
+            other.compare_and_set("order", 0, {"a": 1})  # another client, not in the plan
+            with pytest.raises(StalePlan) as info:
+                state.get("order")
+    finally:
+        _close(store, other)
     assert [(s.read_version, s.current_version) for s in info.value.stale] == [(0, 1)]
     assert plan.id == info.value.plan_id
 
@@ -136,9 +146,12 @@ def test_reads_outside_the_block_or_of_another_state_are_not_recorded(
     store: Store, state: al.SharedState
 ) -> None:
     other = al.SharedState(store.backend(), space=state.space)
-    with state.plan(step="s") as plan:
-        other.get("x")
-        other.counter("c")
+    try:
+        with state.plan(step="s") as plan:
+            other.get("x")
+            other.counter("c")
+    finally:
+        _close(store, other)
     state.get("y")
     body = orjson.loads(plan.seal())
     assert body["reads"] == []
@@ -147,14 +160,17 @@ def test_reads_outside_the_block_or_of_another_state_are_not_recorded(
 
 def test_spaces_keep_names_apart(store: Store, state: al.SharedState) -> None:
     plain = al.SharedState(store.backend())
-    state.compare_and_set("order", 0, {"a": 1})
-    assert plain.get("order").version == 0
-    assert plain.get(f"{state.space}|order".replace("|", "-")).version == 0
-    with pytest.raises(al.InvalidName):
-        plain.get(f"{state.space}|order")  # '|' is never in a name: no collision possible
-    assert store.backend().get_record(f"{state.space}|order") is not None
-    with pytest.raises(al.InvalidName):
-        al.SharedState(store.backend(), space="a|b")
+    try:
+        state.compare_and_set("order", 0, {"a": 1})
+        assert plain.get("order").version == 0
+        assert plain.get(f"{state.space}|order".replace("|", "-")).version == 0
+        with pytest.raises(al.InvalidName):
+            plain.get(f"{state.space}|order")  # '|' is never in a name: no collision possible
+        assert plain.backend.get_record(f"{state.space}|order") is not None
+        with pytest.raises(al.InvalidName):
+            al.SharedState(plain.backend, space="a|b")
+    finally:
+        _close(store, plain)
 
 
 def test_approved_by_is_required_and_bounded(state: al.SharedState) -> None:
